@@ -1,0 +1,63 @@
+"""Atomic file writes: a reader sees the old file or the new one, never half of one."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+
+__all__ = ["atomic_write_bytes", "atomic_write_text", "writable_problem"]
+
+
+def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> Path:
+    """Write ``data`` to a temp file beside ``path``, fsync it, then rename it over ``path``."""
+    path = Path(path)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())  # the bytes are on disk before the rename makes them visible
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    _fsync_dir(path.parent)
+    return path
+
+
+def atomic_write_text(path: str | os.PathLike, text: str) -> Path:
+    return atomic_write_bytes(path, text.encode("utf-8"))
+
+
+def _fsync_dir(folder: Path) -> None:
+    try:
+        fd = os.open(folder, os.O_RDONLY)
+    except OSError:  # some platforms cannot open folders; the rename itself is still atomic
+        return
+    try:
+        os.fsync(fd)  # makes the rename itself durable
+    except OSError:
+        pass  # e.g. filesystems that do not support fsync on folders: nothing more to do
+    finally:
+        os.close(fd)
+
+
+def writable_problem(path: str | os.PathLike, flag: str) -> str | None:
+    """Why ``path`` cannot be written as an output file, or None if it can (checked up front)."""
+    path = Path(path)
+    if path.is_dir():
+        return f"{flag} {str(path)!r} is a folder: give a file path, e.g. {path / 'results.json'}."
+    parent = path.parent if str(path.parent) else Path(".")
+    if not parent.is_dir():
+        return (f"{flag} {str(path)!r}: the folder {str(parent)!r} does not exist. "
+                f"Create it first (mkdir -p {parent}) or choose another path.")
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=".looptune-probe.", dir=parent)
+    except OSError as err:
+        return f"{flag} {str(path)!r} cannot be written ({err.strerror}). Choose a writable path."
+    os.close(fd)
+    os.unlink(tmp)
+    if path.exists() and not os.access(path, os.W_OK):
+        return f"{flag} {str(path)!r} exists and is read-only. Choose another path or chmod u+w it."
+    return None

@@ -1,0 +1,1 @@
+"""Bench: one workload under several recipes, side by side, in one run."""

@@ -1,0 +1,60 @@
+"""The bench's results: provenance plus one RunResult per recipe. JSON is the source of truth."""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from typing import Any
+
+from looptune._io import atomic_write_text
+from looptune.errors import DataError
+from looptune.measure.results import RunResult
+
+__all__ = ["SCHEMA_VERSION", "BenchResults"]
+
+SCHEMA_VERSION = 1
+
+
+@dataclass(frozen=True, kw_only=True)
+class BenchResults:
+    workload: str
+    epochs: int
+    seed: int
+    provenance: dict[str, Any]
+    runs: list[RunResult]
+
+    def speedups(self) -> list[float]:
+        """Each run's speedup in training time against the first run (1.0 for the first)."""
+        base = self.runs[0].wall_s
+        return [base / r.wall_s for r in self.runs]
+
+    def to_dict(self) -> dict[str, Any]:
+        runs = []
+        for run, speedup in zip(self.runs, self.speedups()):
+            runs.append({**run.to_dict(), "speedup": speedup})
+        return {"schema_version": SCHEMA_VERSION, "workload": self.workload,
+                "epochs": self.epochs, "seed": self.seed, "provenance": self.provenance,
+                "runs": runs}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> BenchResults:
+        """Rebuild results from :meth:`to_dict` output (derived fields are recomputed)."""
+        version = data.get("schema_version")
+        if version != SCHEMA_VERSION:
+            raise DataError(f"results schema_version={version!r} is not supported: this looptune "
+                            f"reads version {SCHEMA_VERSION}. Re-run the bench with this version.")
+        derived = {"speedup", "s_per_epoch"}
+        runs = [RunResult(**{k: v for k, v in run.items() if k not in derived})
+                for run in data["runs"]]
+        return cls(workload=data["workload"], epochs=data["epochs"], seed=data["seed"],
+                   provenance=data["provenance"], runs=runs)
+
+    @classmethod
+    def read_json(cls, path: str | os.PathLike) -> BenchResults:
+        with open(path, encoding="utf-8") as f:
+            return cls.from_dict(json.load(f))
+
+    def write_json(self, path: str | os.PathLike) -> None:
+        """Write atomically: an interrupted write never leaves a half file at ``path``."""
+        atomic_write_text(path, json.dumps(self.to_dict(), indent=2) + "\n")

@@ -1,0 +1,120 @@
+"""Run one workload under several recipes, in one process, one after another."""
+
+from __future__ import annotations
+
+import gc
+import time
+from collections.abc import Callable, Sequence
+
+import torch
+
+from looptune.bench.results import BenchResults
+from looptune.bench.workloads import Workload, evaluate, get_workload
+from looptune.data import loaders
+from looptune.data.loaders import ImageData
+from looptune.engine.device import device_problem, resolve_device
+from looptune.engine.loop import Progress, train
+from looptune.errors import ConfigError
+from looptune.measure.provenance import provenance
+from looptune.measure.results import RunResult
+from looptune.recipe import RECIPES, Recipe, get_recipe, resolve
+
+__all__ = ["bench", "run_recipe", "check_bench_args"]
+
+ProgressFactory = Callable[[Recipe, int], Progress]  # (recipe, total steps) -> progress sink
+
+
+def check_bench_args(*, recipes: Sequence[str | Recipe], epochs: int, seed: int,
+                     device: str) -> list[str]:
+    """Every problem with these bench arguments (empty when all are fine); nothing runs."""
+    problems = []
+    for r in recipes:
+        if isinstance(r, Recipe):
+            problems += [f"recipe {r.name!r}: {p}" for p in r.problems()]
+        elif r not in RECIPES:
+            try:
+                get_recipe(r)
+            except ConfigError as err:
+                problems += err.problems
+    if not recipes:
+        problems.append(f"no recipe given: name at least one of {', '.join(RECIPES)}.")
+    if isinstance(epochs, bool) or not isinstance(epochs, int) or epochs < 1:
+        problems.append(f"epochs={epochs!r} is invalid: must be an integer >= 1, e.g. --epochs 5.")
+    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
+        problems.append(f"seed={seed!r} is invalid: must be an integer >= 0.")
+    device_issue = device_problem(device)
+    if device_issue:
+        problems.append(device_issue)
+    return problems
+
+
+def run_recipe(workload: Workload, recipe: Recipe, *, train_data: ImageData,
+               test_data: ImageData | None, device: torch.device, epochs: int, seed: int,
+               progress: Progress | None = None) -> RunResult:
+    """Train a freshly seeded model under ``recipe`` and measure it; evaluate on ``test_data``."""
+    resolved, decisions = resolve(recipe, device.type)
+    torch.manual_seed(seed)  # same seed -> same initial weights in every recipe
+    model = workload.build_model().to(device)
+    t0 = time.perf_counter()
+    source = loaders.make(resolved.loader, train_data, device=device, seed=seed)
+    setup_s = time.perf_counter() - t0
+    result = train(model=model, source=source, recipe=resolved, loss_fn=workload.loss_fn,
+                   device=device, epochs=epochs, setup_s=setup_s, decisions=decisions,
+                   progress=progress)
+    if test_data is None:
+        return result
+    t0 = time.perf_counter()
+    accuracy = evaluate(model, test_data, device)
+    return result.with_eval(test_accuracy=accuracy, eval_s=time.perf_counter() - t0)
+
+
+def bench(*, workload: str = "mnist-mlp", recipes: Sequence[str | Recipe] = tuple(RECIPES),
+          epochs: int | None = None, seed: int = 0, device: str = "auto",
+          data_dir: str | None = None, progress: ProgressFactory | None = None) -> BenchResults:
+    """Run ``workload`` under each recipe, side by side in one process, and measure each.
+
+    Args:
+        workload: a name from ``looptune.bench.workloads.WORKLOADS`` (alias ``mnist``).
+        recipes: recipe names (see ``looptune.recipe.RECIPES``) or Recipe values, in table order;
+            speedups are against the first.
+        epochs: passes over the training data (default: the workload's, 5 for mnist-mlp).
+        seed: seeds the initial weights and every epoch's shuffle order, identically per recipe.
+        device: ``auto``, ``cpu`` or ``cuda``.
+        data_dir: where the dataset files are (else ``$LOOPTUNE_DATA``, then the user cache).
+        progress: optional factory of progress sinks, one per recipe.
+
+    Returns:
+        BenchResults with provenance and one RunResult per recipe.
+
+    Raises:
+        ConfigError: every invalid argument at once, before anything runs.
+        DataError: the dataset is missing, truncated or corrupt.
+
+    Example:
+        >>> res = looptune.bench(recipes=["seed-baseline", "device"], epochs=1)  # doctest: +SKIP
+    """
+    spec = get_workload(workload)
+    epochs = spec.default_epochs if epochs is None else epochs
+    problems = check_bench_args(recipes=recipes, epochs=epochs, seed=seed, device=device)
+    if problems:
+        raise ConfigError(problems)
+    chosen = [r if isinstance(r, Recipe) else get_recipe(r) for r in recipes]
+    dev = resolve_device(device)
+    train_data, test_data = spec.load(data_dir=data_dir)
+    runs = []
+    for recipe in chosen:
+        steps = epochs * loaders.num_batches(len(train_data), recipe.loader.batch_size,
+                                             recipe.loader.drop_last)
+        sink = progress(recipe, steps) if progress else None
+        runs.append(run_recipe(spec, recipe, train_data=train_data, test_data=test_data,
+                               device=dev, epochs=epochs, seed=seed, progress=sink))
+        _release(dev)
+    return BenchResults(workload=spec.name, epochs=epochs, seed=seed, provenance=provenance(dev),
+                        runs=runs)
+
+
+def _release(device: torch.device) -> None:
+    """Free what the last run held so the next one starts from the same memory state."""
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()  # returns cached blocks to the driver: a fair start for the next

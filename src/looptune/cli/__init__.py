@@ -1,0 +1,1 @@
+"""The command line: thin; all logic lives in the library."""

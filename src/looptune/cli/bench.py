@@ -1,0 +1,100 @@
+"""``looptune bench WORKLOAD``: the workload under several recipes, side by side."""
+
+from __future__ import annotations
+
+import argparse
+import warnings
+from typing import get_args
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from looptune._io import writable_problem
+from looptune.bench.runner import bench, check_bench_args
+from looptune.bench.workloads import ALIASES, WORKLOADS, get_workload
+from looptune.data import mnist
+from looptune.engine.device import DeviceChoice
+from looptune.errors import ConfigError, DataError
+from looptune.recipe import RECIPES, Recipe, parse_recipes
+from looptune.report.render import bench_notes, bench_table
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("bench", help="run a workload under several recipes and compare them",
+                       description="Run a workload under several recipes, one after another in "
+                                   "one process, and print a table of measured results.")
+    p.add_argument("workload", help=f"workload: {', '.join([*ALIASES, *WORKLOADS])}")
+    p.add_argument("--recipes", default=",".join(RECIPES),
+                   help=f"comma-separated recipes, the first is the speedup baseline "
+                        f"(default: {','.join(RECIPES)})")
+    p.add_argument("--epochs", type=int, default=None,
+                   help="passes over the training data (default: the workload's; 5 for mnist)")
+    p.add_argument("--data", metavar="DIR", default=None,
+                   help="folder with the dataset files (default: $LOOPTUNE_DATA, then the cache)")
+    p.add_argument("--device", default="auto", help=f"{' | '.join(get_args(DeviceChoice))}")
+    p.add_argument("--seed", type=int, default=0, help="seed for weights and shuffling")
+    p.add_argument("--json", metavar="PATH", default=None, help="write the results here (atomic)")
+    p.set_defaults(handler=run)
+
+
+def _preflight(args: argparse.Namespace) -> tuple[list[Recipe], int]:
+    """Check every argument and the data before any training; raise all problems at once."""
+    workload = get_workload(args.workload)
+    problems, recipes = [], []
+    try:
+        recipes = parse_recipes(args.recipes)
+    except ConfigError as err:
+        problems += err.problems
+    epochs = workload.default_epochs if args.epochs is None else args.epochs
+    problems += check_bench_args(recipes=recipes or ["seed-baseline"], epochs=epochs,
+                                 seed=args.seed, device=args.device)
+    if args.json is not None:
+        problems += [p for p in [writable_problem(args.json, "--json")] if p]
+    try:
+        mnist.verify(args.data)
+    except DataError as err:
+        problems.append(str(err))
+    if problems:
+        raise ConfigError(problems)
+    return recipes, epochs
+
+
+class _Bar:
+    """Adapts a rich progress task to the engine's Progress protocol."""
+
+    def __init__(self, progress: Progress, recipe: Recipe, total: int) -> None:
+        self.progress, self.name = progress, recipe.name
+        self.task = progress.add_task(recipe.name, total=total)
+
+    def advance(self, steps: int) -> None:
+        self.progress.advance(self.task, steps)
+
+    def epoch_done(self, epoch: int, loss: float, seconds: float) -> None:
+        text = f"{self.name} · epoch {epoch + 1} loss {loss:.4f} ({seconds:.2f} s)"
+        self.progress.update(self.task, description=text)
+
+
+def _console() -> Console:
+    """stdout console; wide enough for the table when writing to a file or pipe."""
+    console = Console()
+    return console if console.is_terminal else Console(width=140)
+
+
+def run(args: argparse.Namespace) -> int:
+    recipes, epochs = _preflight(args)
+    out, err = _console(), Console(stderr=True)
+    columns = [TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+               TextColumn("steps"), TimeElapsedColumn()]
+    with warnings.catch_warnings(), Progress(*columns, console=err) as progress:
+        # torch warns about more workers than cores; the bench notes already explain that case
+        warnings.filterwarnings("ignore", message="This DataLoader will create")
+        results = bench(workload=args.workload, recipes=recipes, epochs=epochs, seed=args.seed,
+                        device=args.device, data_dir=args.data,
+                        progress=lambda recipe, total: _Bar(progress, recipe, total))
+    out.print(bench_table(results))
+    for note in bench_notes(results):
+        out.print(f"[dim]- {note}[/dim]", highlight=False)
+    if args.json is not None:
+        results.write_json(args.json)
+        out.print(f"results written to {args.json}")
+    return 0

@@ -1,0 +1,39 @@
+"""Entry point: ``looptune <command> ...``. Errors the user can fix exit with code 2."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+
+from looptune import __version__
+from looptune.cli import bench as bench_cmd
+from looptune.cli import data as data_cmd
+from looptune.errors import LooptuneError
+
+__all__ = ["main", "build_parser"]
+
+EXIT_USAGE = 2  # bad input: same code argparse uses
+EXIT_INTERRUPTED = 130  # 128 + SIGINT
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="looptune", description="Make PyTorch training loops fast, and say why yours are slow.")
+    parser.add_argument("--version", action="version", version=f"looptune {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    bench_cmd.add_parser(sub)
+    data_cmd.add_parser(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return int(args.handler(args) or 0)
+    except LooptuneError as err:
+        print(f"looptune {args.command}: error: {err}", file=sys.stderr)
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        print(f"looptune {args.command}: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED

@@ -1,0 +1,243 @@
+"""Recipe -> batches on the training device.
+
+Two strategies (``LoaderConfig.strategy``):
+
+* ``dataloader``: a ``torch.utils.data.DataLoader`` produces host batches, copied per step. With
+  ``decode="per_sample"`` it is the reference's pipeline (one ``__getitem__`` per sample: uint8 ->
+  PIL image -> float tensor -> Normalize); with ``decode="tensorized"`` the dataset is a uint8 tensor
+  and each ``__getitem__`` call gathers a whole batch by index (no per-sample Python).
+* ``device``: the whole uint8 dataset lives on the training device; each epoch is one on-device
+  gather by a permutation, batches are slices of it.
+
+Every strategy draws the same shuffle order from the same seed (:func:`epoch_permutation`), and
+normalization performs the same float operations in the same order everywhere, so every recipe sees
+bit-identical first batches.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Protocol
+
+import numpy as np
+import torch
+from torch.utils.data import DataLoader, Dataset, Sampler
+
+from looptune.recipe import LoaderConfig
+
+__all__ = ["ImageData", "BatchSource", "epoch_permutation", "normalize_batch",
+           "reference_transform", "num_batches", "make"]
+
+Batch = tuple[torch.Tensor, torch.Tensor]
+
+
+@dataclass(frozen=True)
+class ImageData:
+    """A labelled image dataset held as tensors, and how to normalize it."""
+
+    images: torch.Tensor  # uint8, N x H x W
+    labels: torch.Tensor  # int64, N
+    mean: float  # per-pixel mean of the [0, 1]-scaled images, subtracted by Normalize
+    std: float  # per-pixel std of the [0, 1]-scaled images, divided by Normalize
+
+    def __len__(self) -> int:
+        return int(self.labels.shape[0])
+
+
+class BatchSource(Protocol):
+    """What the training loop iterates: ``epoch(e)`` yields raw batches, ``to_device`` readies one."""
+
+    samples_per_epoch: int  # samples one epoch trains on (less than the dataset with drop_last)
+
+    def __len__(self) -> int: ...  # batches per epoch
+
+    def epoch(self, epoch: int) -> Iterator[Batch]: ...
+
+    def to_device(self, x: torch.Tensor, y: torch.Tensor) -> Batch: ...
+
+
+def epoch_permutation(n: int, *, seed: int, epoch: int) -> torch.Tensor:
+    """The shuffle order of ``epoch``: a CPU int64 permutation of ``range(n)``.
+
+    Derived from (seed, epoch) alone, so any epoch can be replayed (resume, several ranks) without
+    replaying the earlier ones.
+    """
+    state = np.random.SeedSequence([seed, epoch]).generate_state(2, dtype=np.uint32)
+    gen = torch.Generator().manual_seed(int(state[0]) << 32 | int(state[1]))
+    return torch.randperm(n, generator=gen)
+
+
+def normalize_batch(x: torch.Tensor, mean: float, std: float) -> torch.Tensor:
+    """uint8 -> float32 normalized; the exact float ops of ToTensor + Normalize, batched."""
+    return x.to(torch.float32).div_(255).sub_(mean).div_(std)
+
+
+class _EpochSampler(Sampler[int]):
+    """Yields the sample indices of :func:`epoch_permutation` for the current epoch."""
+
+    def __init__(self, n: int, seed: int) -> None:
+        self.n, self.seed, self.epoch = n, seed, 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(epoch_permutation(self.n, seed=self.seed, epoch=self.epoch).tolist())
+
+
+class _EpochBatchSampler(_EpochSampler):
+    """Yields one int64 index tensor per batch (for datasets that gather whole batches)."""
+
+    def __init__(self, n: int, seed: int, batch_size: int, drop_last: bool) -> None:
+        super().__init__(n, seed)
+        self.batch_size, self.drop_last = batch_size, drop_last
+
+    def __len__(self) -> int:
+        return num_batches(self.n, self.batch_size, self.drop_last)
+
+    def __iter__(self) -> Iterator[torch.Tensor]:  # type: ignore[override]
+        perm = epoch_permutation(self.n, seed=self.seed, epoch=self.epoch)
+        return iter(perm.split(self.batch_size)[: len(self)])
+
+
+class _ToTensorNormalize:
+    """torchvision's ToTensor() then Normalize((mean,), (std,)) for a grayscale PIL image."""
+
+    def __init__(self, mean: float, std: float) -> None:
+        self.mean, self.std = mean, std
+
+    def __call__(self, img) -> torch.Tensor:
+        x = torch.from_numpy(np.array(img, dtype=np.uint8, copy=True)).unsqueeze(0)
+        return x.to(torch.float32).div(255).sub_(self.mean).div_(self.std)
+
+
+def reference_transform(mean: float, std: float):
+    """The reference's per-sample transform: torchvision's when installed, an equivalent otherwise."""
+    try:
+        from torchvision import transforms
+    except Exception:  # torchvision missing or broken (ABI mismatch with torch): same math below
+        return _ToTensorNormalize(mean, std)
+    return transforms.Compose([transforms.ToTensor(), transforms.Normalize((mean,), (std,))])
+
+
+class PerSampleImages(Dataset):
+    """The reference dataset: like ``torchvision.datasets.MNIST``, one PIL decode per sample."""
+
+    def __init__(self, data: ImageData) -> None:
+        from PIL import Image  # imported here: only the per-sample path needs Pillow
+
+        self._image = Image
+        self.images, self.labels = data.images, data.labels
+        self.transform = reference_transform(data.mean, data.std)
+
+    def __len__(self) -> int:
+        return int(self.labels.shape[0])
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
+        img, target = self.images[index], int(self.labels[index])
+        img = self._image.fromarray(img.numpy())  # uint8 2-D array -> mode "L", as torchvision
+        return self.transform(img), target
+
+
+class TensorBatches(Dataset):
+    """Gathers a whole batch of uint8 images per call: ``ds[index_tensor] -> (x_uint8, y)``."""
+
+    def __init__(self, data: ImageData) -> None:
+        self.images, self.labels = data.images, data.labels
+
+    def __len__(self) -> int:
+        return int(self.labels.shape[0])
+
+    def __getitem__(self, index: torch.Tensor) -> Batch:
+        return self.images.index_select(0, index), self.labels.index_select(0, index)
+
+
+class LoaderSource:
+    """The ``dataloader`` strategy: a torch DataLoader in host memory, one copy per step."""
+
+    def __init__(self, cfg: LoaderConfig, data: ImageData, device: torch.device, seed: int):
+        self.cfg, self.device, self.mean, self.std = cfg, device, data.mean, data.std
+        self.loader = _build_dataloader(cfg, data, seed)
+        self.samples_per_epoch = _samples_per_epoch(len(data), cfg)
+
+    def __len__(self) -> int:
+        return len(self.loader)
+
+    def epoch(self, epoch: int) -> Iterator[Batch]:
+        self.loader.sampler.set_epoch(epoch)  # type: ignore[attr-defined]  # ours: _EpochSampler
+        return iter(self.loader)
+
+    def to_device(self, x: torch.Tensor, y: torch.Tensor) -> Batch:
+        nb = self.cfg.non_blocking
+        x, y = x.to(self.device, non_blocking=nb), y.to(self.device, non_blocking=nb)
+        if self.cfg.decode == "tensorized":  # uint8 crossed the bus: 4x fewer bytes than float32
+            x = normalize_batch(x, self.mean, self.std)
+        return x, y
+
+
+def _build_dataloader(cfg: LoaderConfig, data: ImageData, seed: int) -> DataLoader:
+    workers = {}
+    if cfg.num_workers > 0:
+        workers = {"persistent_workers": cfg.persistent_workers}
+        if cfg.prefetch_factor is not None:
+            workers["prefetch_factor"] = cfg.prefetch_factor
+    common = {"num_workers": cfg.num_workers, "pin_memory": cfg.pin_memory, **workers}
+    if cfg.decode == "per_sample":
+        return DataLoader(PerSampleImages(data), batch_size=cfg.batch_size,
+                          sampler=_EpochSampler(len(data), seed), drop_last=cfg.drop_last, **common)
+    batches = _EpochBatchSampler(len(data), seed, cfg.batch_size, cfg.drop_last)
+    # batch_size=None: each sampler item (an index tensor) is one already-batched __getitem__ call
+    return DataLoader(TensorBatches(data), batch_size=None, sampler=batches, **common)
+
+
+class DeviceSource:
+    """The ``device`` strategy: the uint8 dataset resident on the device, shuffled there per epoch."""
+
+    def __init__(self, cfg: LoaderConfig, data: ImageData, device: torch.device, seed: int):
+        self.cfg, self.seed, self.mean, self.std = cfg, seed, data.mean, data.std
+        self.images = data.images.to(device)  # uint8 stays uint8 on the device: 4x less memory
+        self.labels = data.labels.to(device)
+        self.n = len(data)
+        self.samples_per_epoch = _samples_per_epoch(self.n, cfg)
+
+    def __len__(self) -> int:
+        return num_batches(self.n, self.cfg.batch_size, self.cfg.drop_last)
+
+    def epoch(self, epoch: int) -> Iterator[Batch]:
+        perm = epoch_permutation(self.n, seed=self.seed, epoch=epoch).to(self.images.device)
+        # one gather per epoch, then every batch is a free slice (view) of contiguous memory
+        images, labels = self.images.index_select(0, perm), self.labels.index_select(0, perm)
+        pairs = zip(images.split(self.cfg.batch_size), labels.split(self.cfg.batch_size))
+        return iter(list(pairs)[: len(self)])
+
+    def to_device(self, x: torch.Tensor, y: torch.Tensor) -> Batch:
+        return normalize_batch(x, self.mean, self.std), y
+
+
+def num_batches(n: int, batch_size: int, drop_last: bool) -> int:
+    return n // batch_size if drop_last else -(-n // batch_size)
+
+
+def _samples_per_epoch(n: int, cfg: LoaderConfig) -> int:
+    return num_batches(n, cfg.batch_size, True) * cfg.batch_size if cfg.drop_last else n
+
+
+def make(cfg: LoaderConfig, data: ImageData, *, device: torch.device, seed: int) -> BatchSource:
+    """Build the batch source a (resolved) loader config asks for.
+
+    Args:
+        cfg: the loader settings, already resolved for ``device`` (see ``recipe.resolve``).
+        data: the training images and labels as tensors.
+        device: the training device; ``device`` strategy copies the dataset there once.
+        seed: shuffle seed; epoch ``e`` uses ``epoch_permutation(len(data), seed=seed, epoch=e)``.
+
+    Returns:
+        A :class:`BatchSource`.
+    """
+    if cfg.strategy == "device":
+        return DeviceSource(cfg, data, device, seed)
+    return LoaderSource(cfg, data, device, seed)

@@ -1,0 +1,1 @@
+"""The training engine: the loop, the step, optimizers and checkpoints."""

@@ -1,0 +1,1 @@
+"""Measurement primitives: clocks that synchronize correctly, peak memory, run results."""

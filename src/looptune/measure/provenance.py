@@ -1,0 +1,67 @@
+"""Where and with what a result was measured: versions, hardware, git SHA, date."""
+
+from __future__ import annotations
+
+import datetime as _dt
+import os
+import platform
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import torch
+
+__all__ = ["provenance"]
+
+
+def provenance(device: torch.device) -> dict[str, Any]:
+    """A JSON-ready record of the environment a measurement ran in."""
+    import numpy
+
+    from looptune import __version__
+
+    return {
+        "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "looptune": __version__, "git_sha": _git_sha(),
+        "python": platform.python_version(), "torch": torch.__version__,
+        "numpy": numpy.__version__, "torchvision": _version_of("torchvision"),
+        "platform": platform.platform(), "cpu": _cpu_name(), "cpu_count": os.cpu_count(),
+        "torch_threads": torch.get_num_threads(), "device": str(device),
+        "device_name": _device_name(device), "cuda": torch.version.cuda,
+    }
+
+
+def _version_of(module: str) -> str | None:
+    try:
+        return __import__(module).__version__
+    except Exception:  # missing, or installed but broken (e.g. an ABI mismatch with torch)
+        return None
+
+
+def _cpu_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass  # not Linux: fall back to what platform knows
+    return platform.processor() or platform.machine()
+
+
+def _device_name(device: torch.device) -> str:
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    return _cpu_name()
+
+
+def _git_sha() -> str | None:
+    """The commit of the looptune source tree, when it runs from a git checkout."""
+    here = Path(__file__).resolve().parent
+    try:
+        out = subprocess.run(["git", "-C", str(here), "rev-parse", "HEAD"], capture_output=True,
+                             text=True, timeout=5, check=False)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    sha = out.stdout.strip()
+    return sha if out.returncode == 0 and sha else None

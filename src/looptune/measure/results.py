@@ -1,0 +1,49 @@
+"""The measured record of one training run: data first, rendering elsewhere.
+
+Field names carry their unit (``_s`` seconds, ``_bytes`` bytes). The same record is what the engine
+returns, what the bench collects and what its JSON holds under ``runs``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = ["RunResult"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class RunResult:
+    recipe: str  # recipe name
+    config: dict[str, Any]  # every resolved field of the recipe (after device adaptation)
+    decisions: list[dict[str, Any]]  # automatic changes/warnings: {name, value, reason}
+    device: str  # training device, e.g. "cpu" or "cuda:0"
+    epochs: int
+    batches_per_epoch: int
+    samples_per_epoch: int
+    setup_s: float  # building the batch source (dataset copies to the device, ...)
+    wall_s: float  # training time: sum of epoch_s (evaluation excluded)
+    epoch_s: list[float]  # per epoch, device synchronized at both ends
+    samples_per_s: float  # samples_per_epoch * epochs / wall_s
+    epoch_loss: list[float]  # per epoch: mean over batches of the batch-mean loss
+    first_loss: float  # loss of the very first step (same seed -> same value in every recipe)
+    data_wait_s: float  # host time blocked waiting for the next batch
+    data_wait_fraction: float  # data_wait_s / wall_s
+    peak_mem_bytes: int | None  # None = could not be measured
+    peak_mem_kind: str  # what peak_mem_bytes measures, see measure.memory
+    test_accuracy: float | None = None  # fraction correct on the test set after training
+    eval_s: float | None = None  # evaluation time, excluded from wall_s
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def s_per_epoch(self) -> float:
+        return self.wall_s / self.epochs
+
+    def to_dict(self) -> dict[str, Any]:
+        d = dataclasses.asdict(self)
+        d["s_per_epoch"] = self.s_per_epoch
+        return d
+
+    def with_eval(self, *, test_accuracy: float, eval_s: float) -> RunResult:
+        return dataclasses.replace(self, test_accuracy=test_accuracy, eval_s=eval_s)

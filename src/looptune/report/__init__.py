@@ -1,0 +1,1 @@
+"""Rendering: results (data) in, tables and text out. Reads only result records."""

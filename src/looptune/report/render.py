@@ -1,0 +1,78 @@
+"""Tables for bench results: a rich table for the terminal, Markdown for READMEs and notes."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rich.table import Table
+
+from looptune.bench.results import BenchResults
+
+__all__ = ["bench_rows", "bench_table", "bench_markdown", "bench_notes", "format_bytes"]
+
+# "loss" is the last epoch's average batch loss, as the reference prints it per epoch
+COLUMNS = ["recipe", "total s", "s/epoch", "samples/s", "speedup", "loss", "test acc",
+           "data wait", "peak mem"]
+
+
+def format_bytes(n: int | None) -> str:
+    if n is None:
+        return "n/a"
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if abs(n) < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} GiB"  # unreachable: the loop returns at GiB
+
+
+def bench_rows(results: BenchResults) -> list[list[str]]:
+    """One row of formatted cells per run, in :data:`COLUMNS` order."""
+    rows = []
+    for run, speedup in zip(results.runs, results.speedups()):
+        acc = "n/a" if run.test_accuracy is None else f"{100 * run.test_accuracy:.2f}%"
+        rows.append([run.recipe, f"{run.wall_s:.2f}", f"{run.s_per_epoch:.3f}",
+                     f"{run.samples_per_s:,.0f}", f"{speedup:.2f}x", f"{run.epoch_loss[-1]:.4f}",
+                     acc, f"{100 * run.data_wait_fraction:.0f}%", format_bytes(run.peak_mem_bytes)])
+    return rows
+
+
+def _title(results: BenchResults) -> str:
+    p = results.provenance
+    return (f"{results.workload}, {results.epochs} epoch(s), seed {results.seed} on "
+            f"{p.get('device')} ({p.get('device_name')}, {p.get('cpu_count')} CPU cores), "
+            f"torch {p.get('torch')}")
+
+
+def bench_table(results: BenchResults) -> Table:
+    table = Table(title=_title(results), title_justify="left")
+    for i, col in enumerate(COLUMNS):
+        table.add_column(col, justify="left" if i == 0 else "right")
+    for row in bench_rows(results):
+        table.add_row(*row)
+    return table
+
+
+def bench_markdown(results: BenchResults) -> str:
+    lines = [f"_{_title(results)}_", "", "| " + " | ".join(COLUMNS) + " |",
+             "|" + "|".join(["---"] + ["---:"] * (len(COLUMNS) - 1)) + "|"]
+    lines += ["| " + " | ".join(row) + " |" for row in bench_rows(results)]
+    return "\n".join(lines) + "\n"
+
+
+def bench_notes(results: BenchResults) -> list[str]:
+    """What the table cannot say: memory kind, automatic changes with their reasons."""
+    kinds = {r.peak_mem_kind for r in results.runs}
+    notes = [f"peak mem: {_KIND_TEXT.get(k, k)}" for k in sorted(kinds)]
+    notes.append("loss: the last epoch's mean batch loss. data wait: share of training time the loop spent blocked on the next batch; "
+                 "total s excludes evaluation and setup.")
+    for run in results.runs:
+        notes += [f"{run.recipe}: {d['name']}={d['value']!r}: {d['reason']}" for d in run.decisions]
+    return notes
+
+
+_KIND_TEXT: dict[str, Any] = {
+    "cuda_max_allocated": "peak CUDA memory allocated by tensors (torch.cuda.max_memory_allocated)",
+    "cpu_peak_rss": "peak resident memory of the training process during the run (VmHWM)",
+    "cpu_peak_rss_since_start": "peak resident memory of the process since it started",
+    "unavailable": "not measurable on this platform",
+}

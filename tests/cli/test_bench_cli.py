@@ -1,0 +1,126 @@
+"""Bad input to `looptune bench`: exit code 2, a message naming the value and the fix, no training."""
+
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+
+from looptune.cli import bench as bench_cmd
+from looptune.cli.main import main
+from looptune.data import mnist
+
+
+@pytest.fixture(autouse=True)
+def no_training(monkeypatch):
+    """Any call into the bench runner fails the test: bad input must stop before training."""
+
+    def forbidden(**kwargs):
+        raise AssertionError("training started despite bad input")
+
+    monkeypatch.setattr(bench_cmd, "bench", forbidden)
+
+
+@pytest.fixture
+def good_data(mnist_dir, tmp_path) -> Path:
+    """A private copy of the real MNIST folder, safe to damage."""
+    copy = tmp_path / "mnist"
+    copy.mkdir()
+    for path in mnist.files(mnist_dir).values():
+        shutil.copy(path, copy / path.name)
+    mnist.clear_cache()
+    return copy
+
+
+def _run(capsys, *argv) -> tuple[int, str]:
+    code = main(["bench", "mnist", *argv])
+    return code, capsys.readouterr().err
+
+
+def test_unknown_recipe_lists_names_and_suggests_closest(capsys, tmp_path):
+    code, err = _run(capsys, "--recipes", "seed-baseline,devise", "--data", str(tmp_path))
+    assert code == 2
+    assert "unknown recipe 'devise'" in err and "Did you mean 'device'?" in err
+    assert "seed-baseline, seed-workers, seed-pinned, tensorized, device" in err
+
+
+def test_every_problem_is_reported_at_once(capsys, tmp_path):
+    code, err = _run(capsys, "--recipes", "nope", "--epochs", "0", "--device", "tpu",
+                     "--data", str(tmp_path / "missing"))
+    assert code == 2
+    for needle in ("unknown recipe 'nope'", "epochs=0 is invalid: must be an integer >= 1",
+                   "device='tpu' is invalid", str(tmp_path / "missing")):
+        assert needle in err
+
+
+def test_epochs_below_one(capsys, tmp_path):
+    code, err = _run(capsys, "--epochs", "-3", "--data", str(tmp_path))
+    assert code == 2 and "epochs=-3 is invalid" in err and "--epochs 5" in err
+
+
+def test_non_integer_epochs_is_a_usage_error(capsys):
+    with pytest.raises(SystemExit) as info:
+        main(["bench", "mnist", "--epochs", "two"])
+    assert info.value.code == 2
+    assert "invalid int value: 'two'" in capsys.readouterr().err
+
+
+def test_unknown_workload(capsys):
+    code, err = _run_workload(capsys, "mnsit")
+    assert code == 2 and "unknown workload 'mnsit'" in err and "Did you mean 'mnist'?" in err
+
+
+def _run_workload(capsys, name):
+    code = main(["bench", name])
+    return code, capsys.readouterr().err
+
+
+def test_missing_data_folder_names_it_and_the_fix(capsys, tmp_path):
+    missing = tmp_path / "nowhere"
+    code, err = _run(capsys, "--data", str(missing))
+    assert code == 2 and str(missing) in err
+    assert "--data DIR" in err and "looptune data mnist --download" in err
+
+
+@pytest.mark.integration
+def test_incomplete_data_folder_names_the_missing_file(capsys, good_data):
+    (good_data / "t10k-labels-idx1-ubyte.gz").unlink()
+    code, err = _run(capsys, "--data", str(good_data))
+    assert code == 2 and "t10k-labels-idx1-ubyte" in err
+
+
+@pytest.mark.integration
+def test_truncated_data_file_is_refused(capsys, good_data):
+    path = good_data / "train-labels-idx1-ubyte.gz"
+    path.write_bytes(path.read_bytes()[:5000])
+    code, err = _run(capsys, "--data", str(good_data))
+    assert code == 2 and "train-labels-idx1-ubyte" in err
+
+
+@pytest.mark.integration
+def test_corrupt_data_file_is_refused_with_both_hashes(capsys, good_data):
+    path = good_data / "t10k-images-idx3-ubyte.gz"
+    raw = bytearray(mnist.idx.read_idx_bytes(path))
+    raw[-1] ^= 0xFF  # one flipped pixel: a valid IDX file, the wrong content
+    (good_data / "t10k-images-idx3-ubyte").write_bytes(bytes(raw))  # raw form wins over .gz
+    code, err = _run(capsys, "--data", str(good_data))
+    assert code == 2 and "t10k-images-idx3-ubyte" in err
+    assert mnist.SHA256["t10k-images-idx3-ubyte"] in err
+
+
+@pytest.mark.integration
+def test_unwritable_json_folder(capsys, good_data, tmp_path):
+    locked = tmp_path / "locked"
+    locked.mkdir(mode=0o500)
+    if os.geteuid() == 0:  # root writes through permission bits; /proc refuses new files to all
+        locked = Path("/proc")
+    code, err = _run(capsys, "--data", str(good_data), "--json", str(locked / "r.json"))
+    assert code == 2 and "--json" in err and "cannot be written" in err
+
+
+@pytest.mark.integration
+def test_json_path_in_missing_folder_or_a_folder(capsys, good_data, tmp_path):
+    code, err = _run(capsys, "--data", str(good_data), "--json", str(tmp_path / "no" / "r.json"))
+    assert code == 2 and "does not exist" in err and "mkdir -p" in err
+    code, err = _run(capsys, "--data", str(good_data), "--json", str(tmp_path))
+    assert code == 2 and "is a folder" in err

@@ -1,0 +1,40 @@
+"""Shared fixtures. Keep this small: fixtures used by one test module live in that module."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+
+@pytest.fixture(scope="session")
+def mnist_dir() -> Path:
+    """The folder with the real MNIST files, from env ``LOOPTUNE_DATA``.
+
+    Skips with the reason when it is unset, unless ``LOOPTUNE_REQUIRE_MNIST=1`` (CI sets it),
+    where a missing data set must fail the run rather than quietly skip the integration tests.
+    """
+    value = os.environ.get("LOOPTUNE_DATA")
+    if value:
+        return Path(value)
+    reason = "real MNIST not available: set LOOPTUNE_DATA=DIR holding the four MNIST files"
+    if os.environ.get("LOOPTUNE_REQUIRE_MNIST") == "1":
+        pytest.fail(f"LOOPTUNE_REQUIRE_MNIST=1 but {reason}")
+    pytest.skip(reason)
+
+
+@pytest.fixture
+def make_image_data():
+    """Factory of small synthetic MNIST-shaped datasets: ``make_image_data(n, seed=0)``."""
+    import torch
+
+    from looptune.data.loaders import ImageData
+
+    def make(n: int, seed: int = 0) -> ImageData:
+        gen = torch.Generator().manual_seed(seed)
+        images = torch.randint(0, 256, (n, 28, 28), dtype=torch.uint8, generator=gen)
+        labels = torch.randint(0, 10, (n,), dtype=torch.int64, generator=gen)
+        return ImageData(images, labels, 0.1307, 0.3081)
+
+    return make

@@ -1,0 +1,70 @@
+"""`looptune bench mnist` end to end on the real MNIST, as a user runs it."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from looptune.recipe import RECIPES
+
+pytestmark = pytest.mark.integration
+
+RUN_KEYS = {"recipe", "config", "epochs", "wall_s", "epoch_s", "samples_per_s", "epoch_loss",
+            "test_accuracy", "data_wait_fraction", "peak_mem_bytes", "device"}
+PROVENANCE_KEYS = {"looptune", "torch", "python", "device", "cpu_count", "git_sha", "date"}
+
+
+@pytest.fixture(scope="module")
+def bench_run(mnist_dir, tmp_path_factory):
+    out = tmp_path_factory.mktemp("bench") / "results.json"
+    proc = subprocess.run([sys.executable, "-m", "looptune", "bench", "mnist", "--epochs", "1",
+                           "--data", str(mnist_dir), "--device", "cpu", "--json", str(out)],
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr
+    return proc, json.loads(out.read_text())
+
+
+def test_table_lists_every_recipe_with_its_numbers(bench_run):
+    proc, _ = bench_run
+    for name in RECIPES:
+        assert name in proc.stdout
+    for column in ("total s", "s/epoch", "samples/s", "speedup", "loss", "test acc", "data wait",
+                   "peak mem"):
+        assert column in proc.stdout
+    assert "1.00x" in proc.stdout
+
+
+def test_json_has_provenance_and_every_run(bench_run):
+    _, data = bench_run
+    assert PROVENANCE_KEYS <= set(data["provenance"])
+    assert [run["recipe"] for run in data["runs"]] == list(RECIPES)
+    for run in data["runs"]:
+        assert RUN_KEYS <= set(run), RUN_KEYS - set(run)
+        assert run["epochs"] == 1 and len(run["epoch_s"]) == 1 and len(run["epoch_loss"]) == 1
+        assert run["config"]["name"] == run["recipe"] and "loader" in run["config"]
+        assert run["samples_per_s"] == pytest.approx(60000 / run["wall_s"])
+        assert 0 <= run["data_wait_fraction"] <= 1
+
+
+def test_every_recipe_learns_the_same_model(bench_run):
+    _, data = bench_run
+    runs = data["runs"]
+    assert len({run["first_loss"] for run in runs}) == 1  # same seed: same weights, same batch
+    for run in runs:
+        assert 0.93 <= run["test_accuracy"] <= 0.99, run["recipe"]  # ~96% after one epoch
+        assert run["test_accuracy"] == pytest.approx(runs[0]["test_accuracy"], abs=0.005)
+
+
+def test_seed_recipes_read_the_loss_every_step_looptune_recipes_do_not(bench_run):
+    _, data = bench_run
+    sync = {run["recipe"]: run["config"]["loss_sync"] for run in data["runs"]}
+    assert sync == {"seed-baseline": "step", "seed-workers": "step", "seed-pinned": "step",
+                    "tensorized": "epoch", "device": "epoch"}
+
+
+def test_data_verb_verifies_the_folder(mnist_dir):
+    proc = subprocess.run([sys.executable, "-m", "looptune", "data", "mnist", "--data", str(mnist_dir)],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert "verified" in proc.stdout
