@@ -13,10 +13,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-from rich.console import Console
-
 import looptune
-from looptune.report.render import bench_table
+from looptune.report.render import bench_table, wide_console
 
 GOAL_SPEEDUP, GOAL_ACC_POINTS = 3.0, 0.5
 FAST = ("tensorized", "device")
@@ -35,7 +33,7 @@ def main(argv: list[str] | None = None) -> int:
     recipes = "seed-baseline,tensorized,device" if args.smoke else args.recipes
     results = looptune.bench(recipes=recipes.split(","), epochs=args.epochs, device=args.device,
                              data_dir=args.data)
-    Console().print(bench_table(results))
+    wide_console().print(bench_table(results))
     if args.json:
         results.write_json(args.json)
     ok = _report(results)

@@ -124,3 +124,34 @@ def test_json_path_in_missing_folder_or_a_folder(capsys, good_data, tmp_path):
     assert code == 2 and "does not exist" in err and "mkdir -p" in err
     code, err = _run(capsys, "--data", str(good_data), "--json", str(tmp_path))
     assert code == 2 and "is a folder" in err
+
+
+@pytest.mark.integration
+def test_data_download_from_a_local_mirror(capsys, mnist_dir, tmp_path):
+    """`looptune data mnist --download --mirror URL` fetches, verifies and lands all four files."""
+    import functools
+    import http.server
+    import threading
+
+    served = tmp_path / "served"
+    served.mkdir()
+    for name in mnist.NAMES:  # a mirror serves NAME.gz
+        src = mnist.files(mnist_dir)[name]
+        data = src.read_bytes() if src.suffix == ".gz" else __import__("gzip").compress(src.read_bytes())
+        (served / f"{name}.gz").write_bytes(data)
+    class Quiet(http.server.SimpleHTTPRequestHandler):
+        def log_message(self, *args):  # keep pytest output clean
+            pass
+
+    handler = functools.partial(Quiet, directory=str(served))
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        dest = tmp_path / "dest"
+        code = main(["data", "mnist", "--download", "--data", str(dest), "--mirror",
+                     f"http://127.0.0.1:{server.server_address[1]}/"])
+    finally:
+        server.shutdown()
+    out = capsys.readouterr().out
+    assert code == 0 and "verified" in out
+    assert sorted(p.name for p in dest.iterdir()) == sorted(f"{n}.gz" for n in mnist.NAMES)

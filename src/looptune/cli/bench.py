@@ -16,7 +16,7 @@ from looptune.data import mnist
 from looptune.engine.device import DeviceChoice
 from looptune.errors import ConfigError, DataError
 from looptune.recipe import RECIPES, Recipe, parse_recipes
-from looptune.report.render import bench_notes, bench_table
+from looptune.report.render import bench_notes, bench_table, wide_console
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -74,15 +74,9 @@ class _Bar:
         self.progress.update(self.task, description=text)
 
 
-def _console() -> Console:
-    """stdout console; wide enough for the table when writing to a file or pipe."""
-    console = Console()
-    return console if console.is_terminal else Console(width=140)
-
-
 def run(args: argparse.Namespace) -> int:
     recipes, epochs = _preflight(args)
-    out, err = _console(), Console(stderr=True)
+    out, err = wide_console(), Console(stderr=True)
     columns = [TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                TextColumn("steps"), TimeElapsedColumn()]
     with warnings.catch_warnings(), Progress(*columns, console=err) as progress:

@@ -4,15 +4,22 @@ from __future__ import annotations
 
 from typing import Any
 
+from rich.console import Console
 from rich.table import Table
 
 from looptune.bench.results import BenchResults
 
-__all__ = ["bench_rows", "bench_table", "bench_markdown", "bench_notes", "format_bytes"]
+__all__ = ["wide_console", "bench_rows", "bench_table", "bench_markdown", "bench_notes", "format_bytes"]
 
 # "loss" is the last epoch's average batch loss, as the reference prints it per epoch
 COLUMNS = ["recipe", "total s", "s/epoch", "samples/s", "speedup", "loss", "test acc",
            "data wait", "peak mem"]
+
+
+def wide_console() -> Console:
+    """A stdout console; 140 columns when writing to a file or pipe, so tables are not squeezed."""
+    console = Console()
+    return console if console.is_terminal else Console(width=140)
 
 
 def format_bytes(n: int | None) -> str:
