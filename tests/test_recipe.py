@@ -3,14 +3,18 @@ import dataclasses
 import pytest
 
 from looptune.errors import ConfigError
-from looptune.recipe import RECIPES, LoaderConfig, OptimConfig, Recipe, get_recipe, parse_recipes, resolve
+from looptune.presets import RECIPES, get_recipe, parse_recipes
+from looptune.recipe import LoaderConfig, OptimConfig, Recipe, ScheduleConfig, StepConfig
+from looptune.resolve import resolve
 
 
 def test_builtin_recipes_are_valid_and_named_consistently():
-    assert list(RECIPES) == ["seed-baseline", "seed-workers", "seed-pinned", "tensorized", "device"]
-    for name, recipe in RECIPES.items():
-        assert recipe.name == name
-        assert recipe.validate() is recipe
+    assert list(RECIPES) == ["seed-baseline", "seed-workers", "seed-pinned", "tensorized", "device", "fast", "tta"]
+    for name in RECIPES:
+        for device_type in ("cpu", "cuda"):
+            recipe = get_recipe(name, device_type)
+            assert recipe.name == name
+            assert recipe.validate() is recipe
 
 
 def test_seed_recipes_match_the_reference_configurations():
@@ -33,7 +37,7 @@ def test_validation_collects_every_problem_at_once():
     text = str(info.value)
     assert len(info.value.problems) == 5
     for needle in ("batch_size=0", "num_workers=-1", "strategy='gpu'", "lr=-1.0", "loss_sync='never'",
-                   "Use 0 to load in the main process", "'dataloader', 'device'"):
+                   "Use 0 to load in the main process", "'dataloader', 'prefetch', 'device'"):
         assert needle in text
 
 
@@ -53,6 +57,15 @@ def test_unknown_recipe_lists_valid_names_and_suggests_closest():
     text = str(info.value)
     assert "'seed-pined'" in text and "Did you mean 'seed-pinned'?" in text
     assert all(name in text for name in RECIPES)
+
+
+def test_presets_record_a_reason_for_each_choice():
+    for name in ("fast", "tta"):
+        for device_type in ("cpu", "cuda"):
+            recipe = get_recipe(name, device_type)
+            assert recipe.reasons and all(d.reason for d in recipe.reasons)
+    assert get_recipe("fast", "cuda").step.cuda_graphs is True
+    assert get_recipe("fast", "cpu").step.cuda_graphs is False
 
 
 def test_parse_recipes_reports_all_unknown_and_duplicates():

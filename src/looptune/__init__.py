@@ -8,7 +8,8 @@ from looptune.bench.results import BenchResults  # noqa: E402
 from looptune.bench.runner import bench  # noqa: E402
 from looptune.errors import ConfigError, DataError, LooptuneError, MeasurementError  # noqa: E402
 from looptune.measure.results import RunResult  # noqa: E402
-from looptune.recipe import RECIPES, Decision, LoaderConfig, OptimConfig, Recipe  # noqa: E402
+from looptune.presets import RECIPES
+from looptune.recipe import Decision, LoaderConfig, OptimConfig, Recipe, ScheduleConfig, StepConfig  # noqa: E402
 
 __all__ = [
     "__version__", "bench", "BenchResults", "RunResult", "Recipe", "LoaderConfig", "OptimConfig",

@@ -8,21 +8,22 @@ will run on and records the reason for every change it makes, so nothing is sile
 from __future__ import annotations
 
 import dataclasses
-import difflib
-import os
 from dataclasses import dataclass, field
 from typing import Any, Literal, get_args
 
 from looptune.errors import ConfigError
 
 __all__ = [
-    "Strategy", "Decode", "LossSync", "OptimizerName", "Decision",
-    "LoaderConfig", "OptimConfig", "Recipe", "RECIPES", "get_recipe", "parse_recipes", "resolve",
+    "Strategy", "Decode", "LossSync", "Precision", "CompileMode", "OptimizerName", "OptimizerImpl",
+    "ScheduleName", "Decision", "LoaderConfig", "StepConfig", "OptimConfig", "ScheduleConfig",
+    "Recipe",
 ]
 
 # Where batches come from. dataloader: a torch DataLoader in host memory, copied to the device per
-# step. device: the whole (uint8) dataset lives on the training device, batches gathered there.
-Strategy = Literal["dataloader", "device"]
+# step. prefetch: a background producer readies the next batches on the device while the current
+# step runs (a thread on CPU; pinned buffers and a side CUDA stream on CUDA). device: the whole
+# (uint8) dataset lives on the training device, batches gathered there.
+Strategy = Literal["dataloader", "prefetch", "device"]
 # How samples are decoded. per_sample: the reference's __getitem__ (uint8 -> PIL -> float tensor ->
 # Normalize), one Python call per sample. tensorized: decoded once into a uint8 tensor, batches
 # gathered by index and normalized per batch on the training device.
@@ -30,7 +31,15 @@ Decode = Literal["per_sample", "tensorized"]
 # When the step's loss is read on the host. step: loss.item() every step (the reference; a device
 # sync per step on CUDA). epoch: summed on the device, read once per epoch.
 LossSync = Literal["step", "epoch"]
-OptimizerName = Literal["adam"]
+# Autocast compute dtype. fp16 needs a GradScaler (looptune adds one); bf16 does not.
+Precision = Literal["fp32", "bf16", "fp16"]
+# torch.compile mode; "off" runs eagerly.
+CompileMode = Literal["off", "default", "reduce-overhead", "max-autotune"]
+OptimizerName = Literal["sgd", "adam", "adamw"]
+# auto: torch's default; foreach: one kernel per op over all params; fused: one kernel per step;
+# for-loop: per-parameter ops (the slowest, the most portable).
+OptimizerImpl = Literal["auto", "foreach", "fused", "for-loop"]
+ScheduleName = Literal["constant", "cosine", "onecycle", "cyclic", "step"]
 
 
 @dataclass(frozen=True)
@@ -60,21 +69,50 @@ class LoaderConfig:
     def problems(self) -> list[str]:
         """Every invalid field, as a message with the received value, what is allowed and the fix."""
         out = _literal_problems(self, {"strategy": Strategy, "decode": Decode})
-        if not isinstance(self.batch_size, int) or self.batch_size < 1:
+        if not _is_int(self.batch_size) or self.batch_size < 1:
             out.append(f"batch_size={self.batch_size!r} is invalid: must be an integer >= 1.")
-        if not isinstance(self.num_workers, int) or self.num_workers < 0:
+        if not _is_int(self.num_workers) or self.num_workers < 0:
             out.append(f"num_workers={self.num_workers!r} is invalid: must be >= 0. "
                        "Use 0 to load in the main process.")
         if self.prefetch_factor is not None and self.prefetch_factor < 1:
             out.append(f"prefetch_factor={self.prefetch_factor!r} is invalid: must be >= 1 or None.")
-        uses_workers = self.strategy == "dataloader" and self.num_workers > 0
+        uses_workers = self.strategy == "dataloader" and _is_int(self.num_workers) and self.num_workers > 0
         if not uses_workers and (self.prefetch_factor is not None or self.persistent_workers):
             out.append("prefetch_factor/persistent_workers need DataLoader workers: "
                        f"got num_workers={self.num_workers!r} with strategy={self.strategy!r}. "
                        "Set num_workers >= 1 or drop those settings.")
-        if self.strategy == "device" and self.decode != "tensorized":
-            out.append(f"strategy='device' needs decode='tensorized' (got decode={self.decode!r}): "
-                       "a device-resident dataset is decoded once. Use decode='tensorized'.")
+        if self.strategy in ("prefetch", "device") and self.decode != "tensorized":
+            out.append(f"strategy={self.strategy!r} needs decode='tensorized' (got "
+                       f"decode={self.decode!r}): it gathers whole batches from a decoded tensor. "
+                       "Use decode='tensorized', or strategy='dataloader' for per-sample decoding.")
+        return out
+
+
+@dataclass(frozen=True, kw_only=True)
+class StepConfig:
+    """How one training step computes: precision, accumulation, compilation, CUDA graphs."""
+
+    precision: Precision = "fp32"  # autocast dtype; bf16/fp16 halve activation bytes
+    accumulate: int = 1  # micro-batches per optimizer step: effective batch = accumulate x batch
+    compile: CompileMode = "off"  # torch.compile mode; compile time is reported apart
+    cuda_graphs: bool = False  # capture the whole step once, replay it: no per-kernel launches
+    max_consecutive_skips: int = 20  # fp16: stop after this many overflow-skipped steps in a row
+    stop_on_nonfinite: bool = True  # stop at a NaN/inf loss, naming epoch, step and batch
+
+    def problems(self) -> list[str]:
+        out = _literal_problems(self, {"precision": Precision, "compile": CompileMode})
+        if not _is_int(self.accumulate) or self.accumulate < 1:
+            out.append(f"accumulate={self.accumulate!r} is invalid: must be an integer >= 1 "
+                       "(1 = an optimizer step per batch).")
+        if not _is_int(self.max_consecutive_skips) or self.max_consecutive_skips < 1:
+            out.append(f"max_consecutive_skips={self.max_consecutive_skips!r} is invalid: "
+                       "must be an integer >= 1.")
+        if self.cuda_graphs and self.accumulate > 1:
+            out.append(f"cuda_graphs=True with accumulate={self.accumulate}: a captured step is "
+                       "one whole optimizer step. Use accumulate=1 or cuda_graphs=False.")
+        if self.cuda_graphs and self.compile != "off":
+            out.append(f"cuda_graphs=True with compile={self.compile!r}: pick one; "
+                       "compile='reduce-overhead' already uses CUDA graphs.")
         return out
 
 
@@ -83,15 +121,51 @@ class OptimConfig:
     """The optimizer. The reference uses Adam with lr=1e-3."""
 
     name: OptimizerName = "adam"
-    lr: float = 1e-3  # learning rate per optimizer step
-    weight_decay: float = 0.0  # L2 penalty (Adam) added to the gradient
+    impl: OptimizerImpl = "auto"  # kernel strategy for the update, see OptimizerImpl
+    lr: float = 1e-3  # peak learning rate (schedules scale it by a factor in [0, 1])
+    weight_decay: float = 0.0  # adam/sgd: L2 added to the gradient; adamw: decoupled decay
+    momentum: float = 0.9  # sgd only
+    nesterov: bool = False  # sgd only: Nesterov momentum (needs momentum > 0)
+    betas: tuple[float, float] = (0.9, 0.999)  # adam/adamw: decay of the moment estimates
 
     def problems(self) -> list[str]:
-        out = _literal_problems(self, {"name": OptimizerName})
-        if not (isinstance(self.lr, (int, float)) and self.lr > 0):
+        out = _literal_problems(self, {"name": OptimizerName, "impl": OptimizerImpl})
+        if not (_is_number(self.lr) and self.lr > 0):
             out.append(f"lr={self.lr!r} is invalid: must be a number > 0, e.g. 1e-3.")
-        if not (isinstance(self.weight_decay, (int, float)) and self.weight_decay >= 0):
+        if not (_is_number(self.weight_decay) and self.weight_decay >= 0):
             out.append(f"weight_decay={self.weight_decay!r} is invalid: must be >= 0.")
+        if not (_is_number(self.momentum) and 0 <= self.momentum < 1):
+            out.append(f"momentum={self.momentum!r} is invalid: must be in [0, 1).")
+        if self.nesterov and (self.name != "sgd" or self.momentum == 0):
+            out.append(f"nesterov=True needs optimizer 'sgd' with momentum > 0 (got "
+                       f"{self.name!r}, momentum={self.momentum!r}).")
+        if not (len(self.betas) == 2 and all(_is_number(b) and 0 <= b < 1 for b in self.betas)):
+            out.append(f"betas={self.betas!r} is invalid: two numbers in [0, 1), e.g. (0.9, 0.999).")
+        return out
+
+
+@dataclass(frozen=True, kw_only=True)
+class ScheduleConfig:
+    """The learning-rate schedule: a factor of ``OptimConfig.lr``, stepped per optimizer step."""
+
+    name: ScheduleName = "constant"
+    warmup_steps: int = 0  # linear ramp from lr/warmup_steps to lr over the first steps
+    min_lr_fraction: float = 0.0  # cosine/onecycle/cyclic: the lowest factor reached
+    pct_start: float = 0.25  # onecycle: share of the steps spent rising to the peak
+    cycle_steps: int = 2000  # cyclic: steps per full triangle (up and down)
+    step_size: int = 1000  # step: optimizer steps between decays
+    gamma: float = 0.1  # step: factor applied at each decay
+
+    def problems(self) -> list[str]:
+        out = _literal_problems(self, {"name": ScheduleName})
+        for name in ("warmup_steps", "cycle_steps", "step_size"):
+            value, low = getattr(self, name), 0 if name == "warmup_steps" else 1
+            if not _is_int(value) or value < low:
+                out.append(f"{name}={value!r} is invalid: must be an integer >= {low}.")
+        for name, low, high in (("min_lr_fraction", 0, 1), ("pct_start", 0, 1), ("gamma", 0, 1)):
+            value = getattr(self, name)
+            if not (_is_number(value) and low <= value <= high):
+                out.append(f"{name}={value!r} is invalid: must be in [{low}, {high}].")
         return out
 
 
@@ -102,12 +176,20 @@ class Recipe:
     name: str
     description: str = ""
     loader: LoaderConfig = field(default_factory=LoaderConfig)
+    step: StepConfig = field(default_factory=StepConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
+    schedule: ScheduleConfig = field(default_factory=ScheduleConfig)
     loss_sync: LossSync = "step"
+    cpu_threads: int | None = None  # torch intra-op threads; None = torch's default (all cores)
+    reasons: tuple[Decision, ...] = ()  # why a preset chose its settings (shown with results)
 
     def problems(self) -> list[str]:
-        return (self.loader.problems() + self.optim.problems()
-                + _literal_problems(self, {"loss_sync": LossSync}))
+        out = (self.loader.problems() + self.step.problems() + self.optim.problems()
+               + self.schedule.problems() + _literal_problems(self, {"loss_sync": LossSync}))
+        if self.cpu_threads is not None and (not _is_int(self.cpu_threads) or self.cpu_threads < 1):
+            out.append(f"cpu_threads={self.cpu_threads!r} is invalid: an integer >= 1, or None "
+                       "for torch's default.")
+        return out
 
     def validate(self) -> Recipe:
         """Raise :class:`ConfigError` listing every problem at once; return self when valid."""
@@ -117,7 +199,8 @@ class Recipe:
         return self
 
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        """Plain JSON types (tuples become lists), so a JSON round trip gives an equal dict."""
+        return _jsonable(dataclasses.asdict(self))
 
 
 def _literal_problems(obj: Any, fields: dict[str, Any]) -> list[str]:
@@ -130,65 +213,17 @@ def _literal_problems(obj: Any, fields: dict[str, Any]) -> list[str]:
     return out
 
 
-_SEED = "the reference experiment: per-sample PIL decode + Normalize, loss.item() every step"
-RECIPES: dict[str, Recipe] = {r.name: r for r in [
-    Recipe(name="seed-baseline", description=f"{_SEED}; num_workers=0"),
-    Recipe(name="seed-workers", description=f"{_SEED}; num_workers=8",
-           loader=LoaderConfig(num_workers=8)),
-    Recipe(name="seed-pinned", description=f"{_SEED}; num_workers=8, pin_memory, non_blocking",
-           loader=LoaderConfig(num_workers=8, pin_memory=True, non_blocking=True)),
-    Recipe(name="tensorized", loss_sync="epoch",
-           description="decoded once to a uint8 tensor; batches gathered by index, "
-                       "normalized per batch on the device; loss read once per epoch",
-           loader=LoaderConfig(decode="tensorized", non_blocking=True)),
-    Recipe(name="device", loss_sync="epoch",
-           description="whole uint8 dataset resident on the device; on-device shuffle and "
-                       "normalization; loss read once per epoch",
-           loader=LoaderConfig(strategy="device", decode="tensorized")),
-]}
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: _jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_jsonable(v) for v in value]
+    return value
 
 
-def get_recipe(name: str) -> Recipe:
-    """Look up a built-in recipe; the error lists the valid names and suggests the closest."""
-    if name in RECIPES:
-        return RECIPES[name]
-    close = difflib.get_close_matches(name, RECIPES, n=1)
-    hint = f" Did you mean {close[0]!r}?" if close else ""
-    raise ConfigError(f"unknown recipe {name!r}: valid recipes are {', '.join(RECIPES)}.{hint}")
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
-def parse_recipes(spec: str) -> list[Recipe]:
-    """Parse ``"a,b,c"``; reports every unknown or repeated name together."""
-    names = [n.strip() for n in spec.split(",") if n.strip()]
-    problems, recipes = [], []
-    if not names:
-        problems.append(f"--recipes {spec!r} names no recipe: give a comma-separated list "
-                        f"from {', '.join(RECIPES)}.")
-    for i, name in enumerate(names):
-        if name in names[:i]:
-            problems.append(f"recipe {name!r} is listed twice in --recipes {spec!r}: list it once.")
-            continue
-        try:
-            recipes.append(get_recipe(name))
-        except ConfigError as err:
-            problems.extend(err.problems)
-    if problems:
-        raise ConfigError(problems)
-    return recipes
-
-
-def resolve(recipe: Recipe, device_type: str) -> tuple[Recipe, list[Decision]]:
-    """Adapt ``recipe`` to ``device_type`` ("cpu" or "cuda"); every change comes with its reason."""
-    recipe.validate()
-    loader, decisions = recipe.loader, []
-    if loader.pin_memory and device_type != "cuda":
-        loader = dataclasses.replace(loader, pin_memory=False)
-        decisions.append(Decision("pin_memory", False, reason=(
-            f"pin_memory=True only speeds host-to-GPU copies; the training device is "
-            f"{device_type}, so pinning would cost a copy and buy nothing")))
-    cores = os.cpu_count() or 1
-    if loader.strategy == "dataloader" and loader.num_workers >= cores:
-        decisions.append(Decision("num_workers", loader.num_workers, reason=(
-            f"kept as the recipe asks, but {loader.num_workers} workers on {cores} CPU cores "
-            "compete with the training step for the same cores; expect a slowdown")))
-    return dataclasses.replace(recipe, loader=loader), decisions
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)

@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from looptune.recipe import RECIPES
+from looptune.presets import DEFAULT_BENCH
 
 pytestmark = pytest.mark.integration
 
@@ -27,7 +27,7 @@ def bench_run(mnist_dir, tmp_path_factory):
 
 def test_table_lists_every_recipe_with_its_numbers(bench_run):
     proc, _ = bench_run
-    for name in RECIPES:
+    for name in DEFAULT_BENCH:
         assert name in proc.stdout
     for column in ("total s", "s/epoch", "samples/s", "speedup", "loss", "test acc", "data wait",
                    "peak mem"):
@@ -38,7 +38,7 @@ def test_table_lists_every_recipe_with_its_numbers(bench_run):
 def test_json_has_provenance_and_every_run(bench_run):
     _, data = bench_run
     assert PROVENANCE_KEYS <= set(data["provenance"])
-    assert [run["recipe"] for run in data["runs"]] == list(RECIPES)
+    assert [run["recipe"] for run in data["runs"]] == list(DEFAULT_BENCH)
     for run in data["runs"]:
         assert RUN_KEYS <= set(run), RUN_KEYS - set(run)
         assert run["epochs"] == 1 and len(run["epoch_s"]) == 1 and len(run["epoch_loss"]) == 1

@@ -17,7 +17,9 @@ from looptune.engine.loop import Progress, train
 from looptune.errors import ConfigError
 from looptune.measure.provenance import provenance
 from looptune.measure.results import RunResult
-from looptune.recipe import RECIPES, Recipe, get_recipe, resolve
+from looptune.presets import DEFAULT_BENCH, RECIPES, get_recipe
+from looptune.recipe import Recipe
+from looptune.resolve import resolve
 
 __all__ = ["bench", "run_recipe", "check_bench_args"]
 
@@ -68,14 +70,14 @@ def run_recipe(workload: Workload, recipe: Recipe, *, train_data: ImageData,
     return result.with_eval(test_accuracy=accuracy, eval_s=time.perf_counter() - t0)
 
 
-def bench(*, workload: str = "mnist-mlp", recipes: Sequence[str | Recipe] = tuple(RECIPES),
+def bench(*, workload: str = "mnist-mlp", recipes: Sequence[str | Recipe] = DEFAULT_BENCH,
           epochs: int | None = None, seed: int = 0, device: str = "auto",
           data_dir: str | None = None, progress: ProgressFactory | None = None) -> BenchResults:
     """Run ``workload`` under each recipe, side by side in one process, and measure each.
 
     Args:
         workload: a name from ``looptune.bench.workloads.WORKLOADS`` (alias ``mnist``).
-        recipes: recipe names (see ``looptune.recipe.RECIPES``) or Recipe values, in table order;
+        recipes: recipe names (see ``looptune.presets.RECIPES``) or Recipe values, in table order;
             speedups are against the first.
         epochs: passes over the training data (default: the workload's, 5 for mnist-mlp).
         seed: seeds the initial weights and every epoch's shuffle order, identically per recipe.
@@ -98,8 +100,8 @@ def bench(*, workload: str = "mnist-mlp", recipes: Sequence[str | Recipe] = tupl
     problems = check_bench_args(recipes=recipes, epochs=epochs, seed=seed, device=device)
     if problems:
         raise ConfigError(problems)
-    chosen = [r if isinstance(r, Recipe) else get_recipe(r) for r in recipes]
     dev = resolve_device(device)
+    chosen = [r if isinstance(r, Recipe) else get_recipe(r, dev.type) for r in recipes]
     train_data, test_data = spec.load(data_dir=data_dir)
     runs = []
     for recipe in chosen:

@@ -13,9 +13,10 @@ from looptune._io import writable_problem
 from looptune.bench.runner import bench, check_bench_args
 from looptune.bench.workloads import ALIASES, WORKLOADS, get_workload
 from looptune.data import mnist
-from looptune.engine.device import DeviceChoice
+from looptune.engine.device import DeviceChoice, device_type
 from looptune.errors import ConfigError, DataError
-from looptune.recipe import RECIPES, Recipe, parse_recipes
+from looptune.presets import DEFAULT_BENCH, RECIPES, parse_recipes
+from looptune.recipe import Recipe
 from looptune.report.render import bench_notes, bench_table, wide_console
 
 
@@ -24,9 +25,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                        description="Run a workload under several recipes, one after another in "
                                    "one process, and print a table of measured results.")
     p.add_argument("workload", help=f"workload: {', '.join([*ALIASES, *WORKLOADS])}")
-    p.add_argument("--recipes", default=",".join(RECIPES),
-                   help=f"comma-separated recipes, the first is the speedup baseline "
-                        f"(default: {','.join(RECIPES)})")
+    p.add_argument("--recipes", default=",".join(DEFAULT_BENCH),
+                   help=f"comma-separated recipes, the first is the speedup baseline; "
+                        f"any of {', '.join(RECIPES)} (default: {','.join(DEFAULT_BENCH)})")
     p.add_argument("--epochs", type=int, default=None,
                    help="passes over the training data (default: the workload's; 5 for mnist)")
     p.add_argument("--data", metavar="DIR", default=None,
@@ -42,7 +43,7 @@ def _preflight(args: argparse.Namespace) -> tuple[list[Recipe], int]:
     workload = get_workload(args.workload)
     problems, recipes = [], []
     try:
-        recipes = parse_recipes(args.recipes)
+        recipes = parse_recipes(args.recipes, device_type(args.device))
     except ConfigError as err:
         problems += err.problems
     epochs = workload.default_epochs if args.epochs is None else args.epochs

@@ -8,7 +8,7 @@ import torch
 
 from looptune.errors import ConfigError
 
-__all__ = ["DeviceChoice", "device_problem", "resolve_device"]
+__all__ = ["DeviceChoice", "device_problem", "device_type", "resolve_device"]
 
 DeviceChoice = Literal["auto", "cpu", "cuda"]
 
@@ -34,3 +34,8 @@ def resolve_device(choice: str = "auto") -> torch.device:
     if choice == "auto":
         choice = "cuda" if torch.cuda.is_available() else "cpu"
     return torch.device("cuda", torch.cuda.current_device()) if choice == "cuda" else torch.device("cpu")
+
+
+def device_type(choice: str) -> str:
+    """The device type ``choice`` would give ("cpu" or "cuda"); "cpu" when it is invalid."""
+    return "cuda" if choice in ("auto", "cuda") and torch.cuda.is_available() else "cpu"

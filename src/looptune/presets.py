@@ -1,0 +1,125 @@
+"""The built-in recipes: the reference's three (seed-*), looptune's data-pipeline fixes, and the
+device-aware presets ``fast`` and ``tta`` whose every choice carries its reason.
+"""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from looptune.errors import ConfigError
+from looptune.recipe import (Decision, LoaderConfig, OptimConfig, Recipe, ScheduleConfig,
+                             StepConfig)
+
+__all__ = ["Preset", "RECIPES", "get_recipe", "parse_recipes", "recipe_names"]
+
+
+@dataclass(frozen=True)
+class Preset:
+    """A recipe whose settings depend on the device: ``build(device_type) -> Recipe``."""
+
+    name: str
+    description: str
+    build: Callable[[str], Recipe]
+
+
+def _fast(device_type: str) -> Recipe:
+    cuda = device_type == "cuda"
+    reasons = [
+        Decision("loader.strategy", "device", reason=(
+            "MNIST's 47 MB of uint8 fits on any device: one gather per epoch, no per-step copy, "
+            "no DataLoader")),
+        Decision("optim.impl", "fused", reason=(
+            "one fused kernel updates all parameters; measured 0.89 vs 1.42 ms/step for the "
+            "for-loop Adam on our 2-core CPU (benchmarks/switches.py)")),
+        Decision("loss_sync", "epoch", reason="loss summed on the device: no host sync per step"),
+    ]
+    if cuda:
+        reasons.append(Decision("step.cuda_graphs", True, reason=(
+            "a batch-64 MLP step is ~30 tiny kernels: launch overhead dominates, a captured "
+            "graph replays them with one launch")))
+    else:
+        reasons.append(Decision("cpu_threads", 1, reason=(
+            "batch-64 matmuls are too small to split: a second thread adds OpenMP sync and "
+            "measured slower (0.89 vs 1.33 ms/step) on our 2-core CPU")))
+    return Recipe(
+        name="fast", description="fastest recipe at the reference's batch 64 for this device",
+        loader=LoaderConfig(strategy="device", decode="tensorized"),
+        step=StepConfig(cuda_graphs=cuda), optim=OptimConfig(impl="fused"), loss_sync="epoch",
+        cpu_threads=None if cuda else 1, reasons=tuple(reasons))
+
+
+def _tta(device_type: str) -> Recipe:
+    reasons = (
+        Decision("loader.batch_size", 512, reason=(
+            "8x fewer steps than batch 64; per-sample cost falls ~3x on CPU while one-cycle "
+            "keeps the accuracy per epoch")),
+        Decision("schedule", "onecycle", reason=(
+            "warm up to a high peak lr then anneal to ~0: reaches 97.5% in fewer epochs than a "
+            "constant lr")),
+        Decision("optim", "adamw lr=4e-3", reason="the peak lr that reached 97.5% fastest"),
+    )
+    return Recipe(
+        name="tta", description="least training time to 97.5% test accuracy (same MLP)",
+        loader=LoaderConfig(strategy="device", decode="tensorized", batch_size=512),
+        optim=OptimConfig(name="adamw", impl="fused", lr=4e-3, weight_decay=1e-4),
+        schedule=ScheduleConfig(name="onecycle", pct_start=0.25, min_lr_fraction=0.0),
+        loss_sync="epoch", cpu_threads=None, reasons=reasons)
+
+
+_SEED = "the reference experiment: per-sample PIL decode + Normalize, loss.item() every step"
+RECIPES: dict[str, Recipe | Preset] = {r.name: r for r in [
+    Recipe(name="seed-baseline", description=f"{_SEED}; num_workers=0"),
+    Recipe(name="seed-workers", description=f"{_SEED}; num_workers=8",
+           loader=LoaderConfig(num_workers=8)),
+    Recipe(name="seed-pinned", description=f"{_SEED}; num_workers=8, pin_memory, non_blocking",
+           loader=LoaderConfig(num_workers=8, pin_memory=True, non_blocking=True)),
+    Recipe(name="tensorized", loss_sync="epoch",
+           description="decoded once to a uint8 tensor; batches gathered by index, "
+                       "normalized per batch on the device; loss read once per epoch",
+           loader=LoaderConfig(decode="tensorized", non_blocking=True)),
+    Recipe(name="device", loss_sync="epoch",
+           description="whole uint8 dataset resident on the device; on-device shuffle and "
+                       "normalization; loss read once per epoch",
+           loader=LoaderConfig(strategy="device", decode="tensorized")),
+    Preset("fast", "fastest recipe at the reference's batch 64 for the device", _fast),
+    Preset("tta", "least training time to 97.5% test accuracy", _tta),
+]}
+# `looptune bench mnist` with no --recipes: the reference ladder and looptune's pipeline fixes
+DEFAULT_BENCH = ("seed-baseline", "seed-workers", "seed-pinned", "tensorized", "device")
+
+
+def recipe_names() -> list[str]:
+    return list(RECIPES)
+
+
+def get_recipe(name: str, device_type: str = "cpu") -> Recipe:
+    """A built-in recipe by name (presets built for ``device_type``); unknown names get the list
+    of valid names and the closest suggestion."""
+    found = RECIPES.get(name)
+    if found is None:
+        close = difflib.get_close_matches(name, RECIPES, n=1)
+        hint = f" Did you mean {close[0]!r}?" if close else ""
+        raise ConfigError(f"unknown recipe {name!r}: valid recipes are {', '.join(RECIPES)}.{hint}")
+    return found.build(device_type) if isinstance(found, Preset) else found
+
+
+def parse_recipes(spec: str, device_type: str = "cpu") -> list[Recipe]:
+    """Parse ``"a,b,c"``; reports every unknown or repeated name together."""
+    names = [n.strip() for n in spec.split(",") if n.strip()]
+    problems, recipes = [], []
+    if not names:
+        problems.append(f"--recipes {spec!r} names no recipe: give a comma-separated list "
+                        f"from {', '.join(RECIPES)}.")
+    for i, name in enumerate(names):
+        if name in names[:i]:
+            problems.append(f"recipe {name!r} is listed twice in --recipes {spec!r}: list it once.")
+            continue
+        try:
+            recipes.append(get_recipe(name, device_type))
+        except ConfigError as err:
+            problems.extend(err.problems)
+    if problems:
+        raise ConfigError(problems)
+    return recipes
