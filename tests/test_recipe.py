@@ -43,7 +43,7 @@ def test_validation_collects_every_problem_at_once():
 
 def test_worker_only_settings_without_workers_are_refused():
     cfg = LoaderConfig(num_workers=0, persistent_workers=True)
-    assert any("need DataLoader workers" in p for p in cfg.problems())
+    assert any("needs DataLoader workers" in p for p in cfg.problems())
 
 
 def test_device_strategy_requires_tensorized_decode():

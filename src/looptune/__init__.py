@@ -4,14 +4,18 @@ from __future__ import annotations
 
 __version__ = "0.1.0"
 
+# imported after __version__: provenance and the downloader read it
+from looptune.api import train  # noqa: E402
 from looptune.bench.results import BenchResults  # noqa: E402
 from looptune.bench.runner import bench  # noqa: E402
 from looptune.errors import ConfigError, DataError, LooptuneError, MeasurementError  # noqa: E402
 from looptune.measure.results import RunResult  # noqa: E402
-from looptune.presets import RECIPES
-from looptune.recipe import Decision, LoaderConfig, OptimConfig, Recipe, ScheduleConfig, StepConfig  # noqa: E402
+from looptune.presets import RECIPES  # noqa: E402
+from looptune.recipe import (Decision, LoaderConfig, OptimConfig, Recipe,  # noqa: E402
+                             ScheduleConfig, StepConfig)
 
 __all__ = [
-    "__version__", "bench", "BenchResults", "RunResult", "Recipe", "LoaderConfig", "OptimConfig",
-    "RECIPES", "Decision", "LooptuneError", "ConfigError", "DataError", "MeasurementError",
+    "__version__", "train", "bench", "BenchResults", "RunResult", "Recipe", "LoaderConfig",
+    "StepConfig", "OptimConfig", "ScheduleConfig", "RECIPES", "Decision", "LooptuneError",
+    "ConfigError", "DataError", "MeasurementError",
 ]

@@ -16,7 +16,7 @@ from looptune.errors import ConfigError
 __all__ = [
     "Strategy", "Decode", "LossSync", "Precision", "CompileMode", "OptimizerName", "OptimizerImpl",
     "ScheduleName", "Decision", "LoaderConfig", "StepConfig", "OptimConfig", "ScheduleConfig",
-    "Recipe",
+    "Recipe", "with_overrides",
 ]
 
 # Where batches come from. dataloader: a torch DataLoader in host memory, copied to the device per
@@ -77,10 +77,14 @@ class LoaderConfig:
         if self.prefetch_factor is not None and self.prefetch_factor < 1:
             out.append(f"prefetch_factor={self.prefetch_factor!r} is invalid: must be >= 1 or None.")
         uses_workers = self.strategy == "dataloader" and _is_int(self.num_workers) and self.num_workers > 0
-        if not uses_workers and (self.prefetch_factor is not None or self.persistent_workers):
-            out.append("prefetch_factor/persistent_workers need DataLoader workers: "
-                       f"got num_workers={self.num_workers!r} with strategy={self.strategy!r}. "
-                       "Set num_workers >= 1 or drop those settings.")
+        if not uses_workers and self.persistent_workers:
+            out.append("persistent_workers needs DataLoader workers: got "
+                       f"num_workers={self.num_workers!r} with strategy={self.strategy!r}. "
+                       "Set num_workers >= 1 or drop persistent_workers.")
+        if not uses_workers and self.strategy != "prefetch" and self.prefetch_factor is not None:
+            out.append(f"prefetch_factor={self.prefetch_factor!r} needs DataLoader workers or "
+                       f"strategy='prefetch' (got num_workers={self.num_workers!r}, strategy="
+                       f"{self.strategy!r}). Set num_workers >= 1, or drop prefetch_factor.")
         if self.strategy in ("prefetch", "device") and self.decode != "tensorized":
             out.append(f"strategy={self.strategy!r} needs decode='tensorized' (got "
                        f"decode={self.decode!r}): it gathers whole batches from a decoded tensor. "
@@ -211,6 +215,70 @@ def _literal_problems(obj: Any, fields: dict[str, Any]) -> list[str]:
             out.append(f"{name}={value!r} is invalid: allowed values are "
                        f"{', '.join(map(repr, allowed))}.")
     return out
+
+
+def with_overrides(recipe: Recipe, assignments: list[str]) -> Recipe:
+    """``recipe`` with ``PART.FIELD=VALUE`` assignments applied (e.g. ``step.precision=bf16``,
+    ``loader.batch_size=256``, ``optim.lr=3e-3``, ``cpu_threads=1``); all problems reported at once.
+
+    Example:
+        >>> with_overrides(Recipe(name="r"), ["optim.impl=fused"]).optim.impl
+        'fused'
+    """
+    problems, changes = [], {}
+    for text in assignments:
+        try:
+            path, value = _parse_assignment(recipe, text)
+        except ConfigError as err:
+            problems += err.problems
+            continue
+        changes[path] = value
+    if problems:
+        raise ConfigError(problems)
+    for (part, name), value in changes.items():
+        if part is None:
+            recipe = dataclasses.replace(recipe, **{name: value})
+        else:
+            sub = dataclasses.replace(getattr(recipe, part), **{name: value})
+            recipe = dataclasses.replace(recipe, **{part: sub})
+    return recipe
+
+
+_PARTS = ("loader", "step", "optim", "schedule")
+
+
+def _parse_assignment(recipe: Recipe, text: str) -> tuple[tuple[str | None, str], Any]:
+    key, sep, raw = text.partition("=")
+    parts = key.strip().split(".")
+    target = recipe if len(parts) == 1 else getattr(recipe, parts[0], None)
+    fields = {f.name for f in dataclasses.fields(target)} if dataclasses.is_dataclass(target) else set()
+    settable = fields - {"name", "description", "reasons", *_PARTS}
+    if not sep or len(parts) > 2 or (len(parts) == 2 and parts[0] not in _PARTS) or parts[-1] not in settable:
+        known = [f"{p}.{f.name}" for p in _PARTS for f in dataclasses.fields(getattr(recipe, p))]
+        raise ConfigError(f"--set {text!r} is invalid: expected FIELD=VALUE with FIELD one of "
+                          f"{', '.join(known + ['loss_sync', 'cpu_threads'])}.")
+    current = getattr(target, parts[-1])
+    return (parts[0] if len(parts) == 2 else None, parts[-1]), _convert(raw.strip(), current, text)
+
+
+def _convert(raw: str, current: Any, text: str) -> Any:
+    if raw.lower() in ("none", "null"):
+        return None
+    try:
+        if isinstance(current, bool):
+            if raw.lower() not in ("true", "false", "1", "0", "yes", "no"):
+                raise ValueError(raw)
+            return raw.lower() in ("true", "1", "yes")
+        if isinstance(current, tuple):
+            return tuple(float(v) for v in raw.split(","))
+        if isinstance(current, int) or current is None and raw.lstrip("-").isdigit():
+            return int(raw)
+        if isinstance(current, float):
+            return float(raw)
+    except ValueError:
+        raise ConfigError(f"--set {text!r}: {raw!r} is not a valid {type(current).__name__}; "
+                          f"the current value is {current!r}.") from None
+    return raw
 
 
 def _jsonable(value: Any) -> Any:

@@ -11,6 +11,7 @@ import os
 
 import torch
 
+from looptune.data.loaders import transform_kind
 from looptune.errors import ConfigError
 from looptune.recipe import Decision, Recipe
 
@@ -42,6 +43,9 @@ def _resolve_loader(recipe: Recipe, device_type: str, decisions: list[Decision])
         decisions.append(Decision("pin_memory", False, reason=(
             f"pin_memory=True only speeds host-to-GPU copies; the training device is "
             f"{device_type}, so pinning would cost a copy and buy nothing")))
+    if loader.strategy == "dataloader" and loader.decode == "per_sample":
+        kind, reason = transform_kind()
+        decisions.append(Decision("per_sample_transform", kind, reason=reason))
     cores = os.cpu_count() or 1
     if loader.strategy == "dataloader" and loader.num_workers >= cores:
         decisions.append(Decision("num_workers", loader.num_workers, reason=(

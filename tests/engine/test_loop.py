@@ -5,7 +5,7 @@ import torch
 
 from looptune.bench.workloads import SimpleFeedForwardNN
 from looptune.data.loaders import make
-from looptune.engine.loop import train
+from looptune.engine.loop import RunOptions, train
 from looptune.errors import MeasurementError
 from looptune.presets import RECIPES
 from looptune.recipe import LoaderConfig, Recipe
@@ -20,7 +20,8 @@ def _run(recipe: Recipe, data, *, epochs=1, seed=0, progress=None):
     model = SimpleFeedForwardNN()
     source = make(recipe.loader, data, device=CPU, seed=seed)
     result = train(model=model, source=source, recipe=recipe, loss_fn=torch.nn.CrossEntropyLoss(),
-                   device=CPU, epochs=epochs, decisions=decisions, progress=progress)
+                   device=CPU, options=RunOptions(epochs=epochs, seed=seed), decisions=decisions,
+                   progress=progress)
     return result, model
 
 

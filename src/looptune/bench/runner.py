@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import dataclasses
 import gc
+import os
 import time
 from collections.abc import Callable, Sequence
+from pathlib import Path
 
 import torch
 
@@ -12,8 +15,8 @@ from looptune.bench.results import BenchResults
 from looptune.bench.workloads import Workload, evaluate, get_workload
 from looptune.data import loaders
 from looptune.data.loaders import ImageData
-from looptune.engine.device import device_problem, resolve_device
-from looptune.engine.loop import Progress, train
+from looptune.engine.device import device_problem, device_type, resolve_device
+from looptune.engine.loop import Progress, RunOptions, train
 from looptune.errors import ConfigError
 from looptune.measure.provenance import provenance
 from looptune.measure.results import RunResult
@@ -26,13 +29,16 @@ __all__ = ["bench", "run_recipe", "check_bench_args"]
 ProgressFactory = Callable[[Recipe, int], Progress]  # (recipe, total steps) -> progress sink
 
 
-def check_bench_args(*, recipes: Sequence[str | Recipe], epochs: int, seed: int,
+def check_bench_args(*, recipes: Sequence[str | Recipe], options: RunOptions,
                      device: str) -> list[str]:
     """Every problem with these bench arguments (empty when all are fine); nothing runs."""
-    problems = []
+    problems, dev_type = [], device_type(device)
     for r in recipes:
         if isinstance(r, Recipe):
-            problems += [f"recipe {r.name!r}: {p}" for p in r.problems()]
+            try:
+                resolve(r, dev_type)  # validates, and refuses what this device cannot run
+            except ConfigError as err:
+                problems += err.problems
         elif r not in RECIPES:
             try:
                 get_recipe(r)
@@ -40,10 +46,7 @@ def check_bench_args(*, recipes: Sequence[str | Recipe], epochs: int, seed: int,
                 problems += err.problems
     if not recipes:
         problems.append(f"no recipe given: name at least one of {', '.join(RECIPES)}.")
-    if isinstance(epochs, bool) or not isinstance(epochs, int) or epochs < 1:
-        problems.append(f"epochs={epochs!r} is invalid: must be an integer >= 1, e.g. --epochs 5.")
-    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
-        problems.append(f"seed={seed!r} is invalid: must be an integer >= 0.")
+    problems += options.problems()
     device_issue = device_problem(device)
     if device_issue:
         problems.append(device_issue)
@@ -51,28 +54,32 @@ def check_bench_args(*, recipes: Sequence[str | Recipe], epochs: int, seed: int,
 
 
 def run_recipe(workload: Workload, recipe: Recipe, *, train_data: ImageData,
-               test_data: ImageData | None, device: torch.device, epochs: int, seed: int,
+               test_data: ImageData | None, device: torch.device, options: RunOptions,
                progress: Progress | None = None) -> RunResult:
     """Train a freshly seeded model under ``recipe`` and measure it; evaluate on ``test_data``."""
     resolved, decisions = resolve(recipe, device.type)
-    torch.manual_seed(seed)  # same seed -> same initial weights in every recipe
+    torch.manual_seed(options.seed)  # same seed -> same initial weights in every recipe
     model = workload.build_model().to(device)
     t0 = time.perf_counter()
-    source = loaders.make(resolved.loader, train_data, device=device, seed=seed)
+    source = loaders.make(resolved.loader, train_data, device=device, seed=options.seed)
     setup_s = time.perf_counter() - t0
+    score = None if test_data is None else (lambda m: evaluate(m, test_data, device))
     result = train(model=model, source=source, recipe=resolved, loss_fn=workload.loss_fn,
-                   device=device, epochs=epochs, setup_s=setup_s, decisions=decisions,
-                   progress=progress)
-    if test_data is None:
+                   device=device, options=options, evaluate=score, setup_s=setup_s,
+                   decisions=decisions, progress=progress)
+    if score is None or result.test_accuracy is not None:
         return result
     t0 = time.perf_counter()
-    accuracy = evaluate(model, test_data, device)
+    accuracy = score(model)
     return result.with_eval(test_accuracy=accuracy, eval_s=time.perf_counter() - t0)
 
 
 def bench(*, workload: str = "mnist-mlp", recipes: Sequence[str | Recipe] = DEFAULT_BENCH,
           epochs: int | None = None, seed: int = 0, device: str = "auto",
-          data_dir: str | None = None, progress: ProgressFactory | None = None) -> BenchResults:
+          data_dir: str | None = None, target_accuracy: float | None = None,
+          eval_every: int | None = None, checkpoint_dir: str | os.PathLike | None = None,
+          checkpoint_every: int | None = None, resume: bool = False,
+          progress: ProgressFactory | None = None) -> BenchResults:
     """Run ``workload`` under each recipe, side by side in one process, and measure each.
 
     Args:
@@ -83,6 +90,10 @@ def bench(*, workload: str = "mnist-mlp", recipes: Sequence[str | Recipe] = DEFA
         seed: seeds the initial weights and every epoch's shuffle order, identically per recipe.
         device: ``auto``, ``cpu`` or ``cuda``.
         data_dir: where the dataset files are (else ``$LOOPTUNE_DATA``, then the user cache).
+        target_accuracy: evaluate at every epoch's end (and every ``eval_every`` batches) and
+            record the training time at which test accuracy first reached it.
+        checkpoint_dir: checkpoints go to ``checkpoint_dir/RECIPE`` every ``checkpoint_every``
+            optimizer steps; ``resume`` continues each recipe from its newest valid one.
         progress: optional factory of progress sinks, one per recipe.
 
     Returns:
@@ -96,8 +107,11 @@ def bench(*, workload: str = "mnist-mlp", recipes: Sequence[str | Recipe] = DEFA
         >>> res = looptune.bench(recipes=["seed-baseline", "device"], epochs=1)  # doctest: +SKIP
     """
     spec = get_workload(workload)
-    epochs = spec.default_epochs if epochs is None else epochs
-    problems = check_bench_args(recipes=recipes, epochs=epochs, seed=seed, device=device)
+    options = RunOptions(epochs=spec.default_epochs if epochs is None else epochs, seed=seed,
+                         target_accuracy=target_accuracy, eval_every=eval_every,
+                         checkpoint_dir=None if checkpoint_dir is None else Path(checkpoint_dir),
+                         checkpoint_every=checkpoint_every, resume=resume)
+    problems = check_bench_args(recipes=recipes, options=options, device=device)
     if problems:
         raise ConfigError(problems)
     dev = resolve_device(device)
@@ -105,14 +119,20 @@ def bench(*, workload: str = "mnist-mlp", recipes: Sequence[str | Recipe] = DEFA
     train_data, test_data = spec.load(data_dir=data_dir)
     runs = []
     for recipe in chosen:
-        steps = epochs * loaders.num_batches(len(train_data), recipe.loader.batch_size,
-                                             recipe.loader.drop_last)
+        steps = options.epochs * loaders.num_batches(len(train_data), recipe.loader.batch_size,
+                                                     recipe.loader.drop_last)
         sink = progress(recipe, steps) if progress else None
         runs.append(run_recipe(spec, recipe, train_data=train_data, test_data=test_data,
-                               device=dev, epochs=epochs, seed=seed, progress=sink))
+                               device=dev, options=_for_recipe(options, recipe), progress=sink))
         _release(dev)
-    return BenchResults(workload=spec.name, epochs=epochs, seed=seed, provenance=provenance(dev),
-                        runs=runs)
+    return BenchResults(workload=spec.name, epochs=options.epochs, seed=seed,
+                        provenance=provenance(dev), runs=runs)
+
+
+def _for_recipe(options: RunOptions, recipe: Recipe) -> RunOptions:
+    if options.checkpoint_dir is None:
+        return options
+    return dataclasses.replace(options, checkpoint_dir=options.checkpoint_dir / recipe.name)
 
 
 def _release(device: torch.device) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import warnings
+from pathlib import Path
 from typing import get_args
 
 from rich.console import Console
@@ -16,7 +17,8 @@ from looptune.data import mnist
 from looptune.engine.device import DeviceChoice, device_type
 from looptune.errors import ConfigError, DataError
 from looptune.presets import DEFAULT_BENCH, RECIPES, parse_recipes
-from looptune.recipe import Recipe
+from looptune.engine.run_state import RunOptions
+from looptune.recipe import Recipe, with_overrides
 from looptune.report.render import bench_notes, bench_table, wide_console
 
 
@@ -35,20 +37,38 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--device", default="auto", help=f"{' | '.join(get_args(DeviceChoice))}")
     p.add_argument("--seed", type=int, default=0, help="seed for weights and shuffling")
     p.add_argument("--json", metavar="PATH", default=None, help="write the results here (atomic)")
+    p.add_argument("--set", metavar="FIELD=VALUE", action="append", default=[], dest="overrides",
+                   help="change a recipe field for every recipe, e.g. --set step.precision=bf16 "
+                        "--set loader.batch_size=256 (repeatable)")
+    p.add_argument("--target-accuracy", type=float, default=None, metavar="ACC",
+                   help="evaluate each epoch and record the training time to reach ACC, e.g. 0.975")
+    p.add_argument("--eval-every", type=int, default=None, metavar="N",
+                   help="also evaluate every N batches (evaluation time is excluded from training)")
+    p.add_argument("--checkpoint", metavar="DIR", default=None,
+                   help="save checkpoints under DIR/RECIPE (atomic; the previous stays valid)")
+    p.add_argument("--checkpoint-every", type=int, default=None, metavar="N",
+                   help="optimizer steps between checkpoints (with --checkpoint)")
+    p.add_argument("--resume", action="store_true",
+                   help="continue each recipe from its newest valid checkpoint in --checkpoint DIR")
     p.set_defaults(handler=run)
 
 
-def _preflight(args: argparse.Namespace) -> tuple[list[Recipe], int]:
+def _preflight(args: argparse.Namespace) -> tuple[list[Recipe], RunOptions]:
     """Check every argument and the data before any training; raise all problems at once."""
     workload = get_workload(args.workload)
     problems, recipes = [], []
     try:
         recipes = parse_recipes(args.recipes, device_type(args.device))
+        recipes = [with_overrides(r, args.overrides) for r in recipes]
     except ConfigError as err:
         problems += err.problems
-    epochs = workload.default_epochs if args.epochs is None else args.epochs
-    problems += check_bench_args(recipes=recipes or ["seed-baseline"], epochs=epochs,
-                                 seed=args.seed, device=args.device)
+    options = RunOptions(
+        epochs=workload.default_epochs if args.epochs is None else args.epochs, seed=args.seed,
+        target_accuracy=args.target_accuracy, eval_every=args.eval_every,
+        checkpoint_dir=None if args.checkpoint is None else Path(args.checkpoint),
+        checkpoint_every=args.checkpoint_every, resume=args.resume)
+    problems += check_bench_args(recipes=recipes or ["seed-baseline"], options=options,
+                                 device=args.device)
     if args.json is not None:
         problems += [p for p in [writable_problem(args.json, "--json")] if p]
     try:
@@ -57,7 +77,7 @@ def _preflight(args: argparse.Namespace) -> tuple[list[Recipe], int]:
         problems.append(str(err))
     if problems:
         raise ConfigError(problems)
-    return recipes, epochs
+    return recipes, options
 
 
 class _Bar:
@@ -76,15 +96,18 @@ class _Bar:
 
 
 def run(args: argparse.Namespace) -> int:
-    recipes, epochs = _preflight(args)
+    recipes, options = _preflight(args)
     out, err = wide_console(), Console(stderr=True)
     columns = [TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                TextColumn("steps"), TimeElapsedColumn()]
     with warnings.catch_warnings(), Progress(*columns, console=err) as progress:
         # torch warns about more workers than cores; the bench notes already explain that case
         warnings.filterwarnings("ignore", message="This DataLoader will create")
-        results = bench(workload=args.workload, recipes=recipes, epochs=epochs, seed=args.seed,
-                        device=args.device, data_dir=args.data,
+        results = bench(workload=args.workload, recipes=recipes, epochs=options.epochs,
+                        seed=options.seed, device=args.device, data_dir=args.data,
+                        target_accuracy=options.target_accuracy, eval_every=options.eval_every,
+                        checkpoint_dir=options.checkpoint_dir,
+                        checkpoint_every=options.checkpoint_every, resume=options.resume,
                         progress=lambda recipe, total: _Bar(progress, recipe, total))
     out.print(bench_table(results))
     for note in bench_notes(results):

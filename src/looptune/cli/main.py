@@ -9,6 +9,7 @@ from collections.abc import Sequence
 from looptune import __version__
 from looptune.cli import bench as bench_cmd
 from looptune.cli import data as data_cmd
+from looptune.engine.run_state import Interrupted
 from looptune.errors import LooptuneError
 
 __all__ = ["main", "build_parser"]
@@ -31,6 +32,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return int(args.handler(args) or 0)
+    except Interrupted as err:  # SIGINT/SIGTERM: the run stopped cleanly after a whole step
+        print(f"looptune {args.command}: {err}", file=sys.stderr)
+        return err.exit_code
     except LooptuneError as err:
         print(f"looptune {args.command}: error: {err}", file=sys.stderr)
         return EXIT_USAGE

@@ -16,30 +16,35 @@ bit-identical first batches.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Protocol
 
 import numpy as np
 import torch
-from torch.utils.data import DataLoader, Dataset, Sampler
+from torch.utils.data import DataLoader, Dataset, Sampler, TensorDataset
 
 from looptune.recipe import LoaderConfig
 
 __all__ = ["ImageData", "BatchSource", "epoch_permutation", "normalize_batch",
-           "reference_transform", "num_batches", "make"]
+           "reference_transform", "num_batches", "batch_indices", "make"]
 
 Batch = tuple[torch.Tensor, torch.Tensor]
 
 
 @dataclass(frozen=True)
 class ImageData:
-    """A labelled image dataset held as tensors, and how to normalize it."""
+    """Inputs and targets held as tensors (first dimension = samples).
 
-    images: torch.Tensor  # uint8, N x H x W
-    labels: torch.Tensor  # int64, N
-    mean: float  # per-pixel mean of the [0, 1]-scaled images, subtracted by Normalize
-    std: float  # per-pixel std of the [0, 1]-scaled images, divided by Normalize
+    With ``mean``/``std`` the inputs are uint8 images, normalized per batch on the device as
+    ToTensor + Normalize would; without them the inputs are used as they are.
+    """
+
+    images: torch.Tensor  # inputs, N x ...: uint8 images when mean/std are given
+    labels: torch.Tensor  # targets, N x ...
+    mean: float | None = None  # per-pixel mean of the [0, 1]-scaled images, subtracted
+    std: float | None = None  # per-pixel std of the [0, 1]-scaled images, divided by
 
     def __len__(self) -> int:
         return int(self.labels.shape[0])
@@ -52,9 +57,11 @@ class BatchSource(Protocol):
 
     def __len__(self) -> int: ...  # batches per epoch
 
-    def epoch(self, epoch: int) -> Iterator[Batch]: ...
+    def epoch(self, epoch: int, start: int = 0) -> Iterator[Batch]: ...  # from batch `start`
 
     def to_device(self, x: torch.Tensor, y: torch.Tensor) -> Batch: ...
+
+    def batch_indices(self, epoch: int, i: int) -> torch.Tensor | None: ...  # samples of a batch
 
 
 def epoch_permutation(n: int, *, seed: int, epoch: int) -> torch.Tensor:
@@ -68,25 +75,40 @@ def epoch_permutation(n: int, *, seed: int, epoch: int) -> torch.Tensor:
     return torch.randperm(n, generator=gen)
 
 
-def normalize_batch(x: torch.Tensor, mean: float, std: float) -> torch.Tensor:
-    """uint8 -> float32 normalized; the exact float ops of ToTensor + Normalize, batched."""
-    return x.to(torch.float32).div_(255).sub_(mean).div_(std)
+def normalize_batch(x: torch.Tensor, mean: float | None, std: float | None) -> torch.Tensor:
+    """uint8 -> float32 normalized: the float ops of ToTensor + Normalize, batched.
+
+    Divides by 0-d tensors, as torchvision's Normalize does: CUDA turns a division by a Python
+    number into a multiplication by its reciprocal (one bit off), a tensor divisor stays a true
+    division, so results match the per-sample CPU path bit for bit. ``mean=None``: returned as is.
+    """
+    if mean is None or std is None:
+        return x
+    c255, cmean, cstd = _constants(x.device, mean, std)
+    return x.to(torch.float32).div_(c255).sub_(cmean).div_(cstd)
+
+
+@functools.lru_cache(maxsize=16)
+def _constants(device: torch.device, mean: float, std: float) -> tuple[torch.Tensor, ...]:
+    return tuple(torch.tensor(v, dtype=torch.float32, device=device) for v in (255.0, mean, std))
 
 
 class _EpochSampler(Sampler[int]):
     """Yields the sample indices of :func:`epoch_permutation` for the current epoch."""
 
     def __init__(self, n: int, seed: int) -> None:
-        self.n, self.seed, self.epoch = n, seed, 0
+        self.n, self.seed, self.epoch, self.skip = n, seed, 0, 0
 
-    def set_epoch(self, epoch: int) -> None:
-        self.epoch = epoch
+    def set_epoch(self, epoch: int, skip: int = 0) -> None:
+        """Select the epoch's permutation; ``skip`` leading items (a resumed epoch's done part)."""
+        self.epoch, self.skip = epoch, skip
 
     def __len__(self) -> int:
         return self.n
 
     def __iter__(self) -> Iterator[int]:
-        return iter(epoch_permutation(self.n, seed=self.seed, epoch=self.epoch).tolist())
+        perm = epoch_permutation(self.n, seed=self.seed, epoch=self.epoch)
+        return iter(perm[self.skip:].tolist())
 
 
 class _EpochBatchSampler(_EpochSampler):
@@ -101,7 +123,7 @@ class _EpochBatchSampler(_EpochSampler):
 
     def __iter__(self) -> Iterator[torch.Tensor]:  # type: ignore[override]
         perm = epoch_permutation(self.n, seed=self.seed, epoch=self.epoch)
-        return iter(perm.split(self.batch_size)[: len(self)])
+        return iter(perm.split(self.batch_size)[self.skip: len(self)])
 
 
 class _ToTensorNormalize:
@@ -112,16 +134,33 @@ class _ToTensorNormalize:
 
     def __call__(self, img) -> torch.Tensor:
         x = torch.from_numpy(np.array(img, dtype=np.uint8, copy=True)).unsqueeze(0)
-        return x.to(torch.float32).div(255).sub_(self.mean).div_(self.std)
+        return normalize_batch(x, self.mean, self.std)
 
 
 def reference_transform(mean: float, std: float):
     """The reference's per-sample transform: torchvision's when installed, an equivalent otherwise."""
-    try:
-        from torchvision import transforms
-    except Exception:  # torchvision missing or broken (ABI mismatch with torch): same math below
+    transforms, _ = _torchvision_transforms()
+    if transforms is None:
         return _ToTensorNormalize(mean, std)
     return transforms.Compose([transforms.ToTensor(), transforms.Normalize((mean,), (std,))])
+
+
+def transform_kind() -> tuple[str, str]:
+    """Which per-sample transform the seed recipes use here, and why."""
+    transforms, error = _torchvision_transforms()
+    if transforms is not None:
+        return "torchvision", "torchvision is installed: its ToTensor() and Normalize(), as the reference"
+    return "equivalent", (f"torchvision is not usable ({error}); looptune's equivalent "
+                          "ToTensor + Normalize performs the same float operations")
+
+
+@functools.lru_cache(maxsize=1)
+def _torchvision_transforms():
+    try:
+        from torchvision import transforms
+    except Exception as err:  # missing, or broken beside this torch (ABI mismatch): say which
+        return None, f"{type(err).__name__}: {err}"[:200]
+    return transforms, None
 
 
 class PerSampleImages(Dataset):
@@ -159,17 +198,24 @@ class TensorBatches(Dataset):
 class LoaderSource:
     """The ``dataloader`` strategy: a torch DataLoader in host memory, one copy per step."""
 
-    def __init__(self, cfg: LoaderConfig, data: ImageData, device: torch.device, seed: int):
-        self.cfg, self.device, self.mean, self.std = cfg, device, data.mean, data.std
+    def __init__(self, cfg: LoaderConfig, data: ImageData | Dataset, device: torch.device,
+                 seed: int):
+        self.cfg, self.device, self.n, self.seed = cfg, device, len(data), seed
+        self.mean, self.std = getattr(data, "mean", None), getattr(data, "std", None)
         self.loader = _build_dataloader(cfg, data, seed)
         self.samples_per_epoch = _samples_per_epoch(len(data), cfg)
 
     def __len__(self) -> int:
-        return len(self.loader)
+        return num_batches(self.n, self.cfg.batch_size, self.cfg.drop_last)
 
-    def epoch(self, epoch: int) -> Iterator[Batch]:
-        self.loader.sampler.set_epoch(epoch)  # type: ignore[attr-defined]  # ours: _EpochSampler
+    def epoch(self, epoch: int, start: int = 0) -> Iterator[Batch]:
+        # per-sample sampler skips samples, the batch sampler skips whole batches
+        skip = start * self.cfg.batch_size if self.cfg.decode == "per_sample" else start
+        self.loader.sampler.set_epoch(epoch, skip)  # type: ignore[attr-defined]  # ours
         return iter(self.loader)
+
+    def batch_indices(self, epoch: int, i: int) -> torch.Tensor:
+        return batch_indices(self.n, self.cfg.batch_size, seed=self.seed, epoch=epoch, i=i)
 
     def to_device(self, x: torch.Tensor, y: torch.Tensor) -> Batch:
         nb = self.cfg.non_blocking
@@ -179,7 +225,7 @@ class LoaderSource:
         return x, y
 
 
-def _build_dataloader(cfg: LoaderConfig, data: ImageData, seed: int) -> DataLoader:
+def _build_dataloader(cfg: LoaderConfig, data: ImageData | Dataset, seed: int) -> DataLoader:
     workers = {}
     if cfg.num_workers > 0:
         workers = {"persistent_workers": cfg.persistent_workers}
@@ -187,7 +233,12 @@ def _build_dataloader(cfg: LoaderConfig, data: ImageData, seed: int) -> DataLoad
             workers["prefetch_factor"] = cfg.prefetch_factor
     common = {"num_workers": cfg.num_workers, "pin_memory": cfg.pin_memory, **workers}
     if cfg.decode == "per_sample":
-        return DataLoader(PerSampleImages(data), batch_size=cfg.batch_size,
+        # ImageData: the reference's PIL decode per sample; any other Dataset: its own __getitem__
+        per_sample = data
+        if isinstance(data, ImageData):
+            per_sample = (PerSampleImages(data) if data.mean is not None
+                          else TensorDataset(data.images, data.labels))
+        return DataLoader(per_sample, batch_size=cfg.batch_size,
                           sampler=_EpochSampler(len(data), seed), drop_last=cfg.drop_last, **common)
     batches = _EpochBatchSampler(len(data), seed, cfg.batch_size, cfg.drop_last)
     # batch_size=None: each sampler item (an index tensor) is one already-batched __getitem__ call
@@ -207,12 +258,15 @@ class DeviceSource:
     def __len__(self) -> int:
         return num_batches(self.n, self.cfg.batch_size, self.cfg.drop_last)
 
-    def epoch(self, epoch: int) -> Iterator[Batch]:
+    def epoch(self, epoch: int, start: int = 0) -> Iterator[Batch]:
         perm = epoch_permutation(self.n, seed=self.seed, epoch=epoch).to(self.images.device)
         # one gather per epoch, then every batch is a free slice (view) of contiguous memory
         images, labels = self.images.index_select(0, perm), self.labels.index_select(0, perm)
         pairs = zip(images.split(self.cfg.batch_size), labels.split(self.cfg.batch_size))
-        return iter(list(pairs)[: len(self)])
+        return iter(list(pairs)[start: len(self)])
+
+    def batch_indices(self, epoch: int, i: int) -> torch.Tensor:
+        return batch_indices(self.n, self.cfg.batch_size, seed=self.seed, epoch=epoch, i=i)
 
     def to_device(self, x: torch.Tensor, y: torch.Tensor) -> Batch:
         return normalize_batch(x, self.mean, self.std), y
@@ -220,6 +274,11 @@ class DeviceSource:
 
 def num_batches(n: int, batch_size: int, drop_last: bool) -> int:
     return n // batch_size if drop_last else -(-n // batch_size)
+
+
+def batch_indices(n: int, batch_size: int, *, seed: int, epoch: int, i: int) -> torch.Tensor:
+    """The dataset indices in batch ``i`` of ``epoch`` (to name the samples of a bad batch)."""
+    return epoch_permutation(n, seed=seed, epoch=epoch)[i * batch_size: (i + 1) * batch_size]
 
 
 def _samples_per_epoch(n: int, cfg: LoaderConfig) -> int:
@@ -238,6 +297,10 @@ def make(cfg: LoaderConfig, data: ImageData, *, device: torch.device, seed: int)
     Returns:
         A :class:`BatchSource`.
     """
+    if cfg.strategy == "prefetch":
+        from looptune.data.prefetch import PrefetchSource  # local: prefetch.py imports this module
+
+        return PrefetchSource(cfg, data, device=device, seed=seed)
     if cfg.strategy == "device":
         return DeviceSource(cfg, data, device, seed)
     return LoaderSource(cfg, data, device, seed)

@@ -2,12 +2,14 @@
 
 Every host-device sync point is marked ``# sync:``. The loop knows nothing about tables, JSON or
 the CLI: it returns a :class:`~looptune.measure.results.RunResult` and, if given a ``progress``
-sink, tells it how far it got.
+sink, tells it how far it got. Bookkeeping (checkpoint state, signals) lives in ``run_state.py``.
 """
 
 from __future__ import annotations
 
+import math
 import time
+import warnings
 from collections.abc import Callable
 from dataclasses import asdict
 from typing import Protocol
@@ -15,17 +17,22 @@ from typing import Protocol
 import torch
 
 from looptune.data.loaders import BatchSource
+from looptune.engine import checkpoint as ckpt
+from looptune.engine.optim import build_optimizer, optimizer_kind
+from looptune.engine.run_state import (Interrupted, NonFiniteLoss, RunOptions, RunState,
+                                       cpu_threads, stop_signals)
+from looptune.engine.schedule import build_scheduler
+from looptune.engine.step import Stepper
 from looptune.errors import MeasurementError
-from looptune.engine.optim import build_optimizer
-from looptune.engine.step import build_step
 from looptune.measure.memory import PeakMemory
 from looptune.measure.results import RunResult
 from looptune.measure.timing import Stopwatch
 from looptune.recipe import Decision, Recipe
 
-__all__ = ["Progress", "train"]
+__all__ = ["Progress", "RunOptions", "train"]
 
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+Evaluate = Callable[[torch.nn.Module], float]  # model -> accuracy in [0, 1]
 
 
 class Progress(Protocol):
@@ -37,69 +44,234 @@ class Progress(Protocol):
 
 
 def train(*, model: torch.nn.Module, source: BatchSource, recipe: Recipe, loss_fn: LossFn,
-          device: torch.device, epochs: int, setup_s: float = 0.0,
-          decisions: list[Decision] | None = None, progress: Progress | None = None) -> RunResult:
-    """Train ``model`` for ``epochs`` epochs on ``source`` under ``recipe``; measure it.
+          device: torch.device, options: RunOptions, evaluate: Evaluate | None = None,
+          setup_s: float = 0.0, decisions: list[Decision] | None = None,
+          progress: Progress | None = None) -> RunResult:
+    """Train ``model`` on ``source`` under ``recipe`` for ``options.epochs``; measure it.
 
     Args:
-        model: already on ``device``, initialized (seeded) by the caller.
+        model: already on ``device`` and initialized (seeded) by the caller.
         source: batches, built for ``recipe.loader`` by ``looptune.data.loaders.make``.
-        recipe: the resolved recipe (see ``looptune.recipe.resolve``).
+        recipe: the resolved recipe (see ``looptune.resolve.resolve``).
         loss_fn: ``loss_fn(logits, targets) -> scalar loss``.
         device: the training device.
-        epochs: number of passes over the data, >= 1.
-        setup_s: time the caller spent building ``source``, recorded as is.
-        decisions: the reasons behind any automatic recipe changes, recorded as is.
+        options: epochs, evaluation cadence, target accuracy, checkpointing.
+        evaluate: ``evaluate(model) -> accuracy``; used for ``eval_every``/``target_accuracy``.
+        setup_s, decisions: recorded as given (time to build ``source``; automatic changes).
         progress: optional sink for progress reports.
 
     Returns:
-        The measurements of the run (no test accuracy: evaluation is the caller's).
+        The run's measurements. Evaluation and compilation time are excluded from ``wall_s``.
+
+    Raises:
+        NonFiniteLoss: the loss became NaN/inf (with ``stop_on_nonfinite``).
+        Interrupted: SIGINT/SIGTERM; the run saved a checkpoint first if it has a folder.
     """
-    optimizer = build_optimizer(model.parameters(), recipe.optim)
-    step = build_step(model=model, optimizer=optimizer, loss_fn=loss_fn)
-    memory, clock = PeakMemory(device), Stopwatch(device)
-    per_step_read = recipe.loss_sync == "step"
-    report_every = max(1, len(source) // 50)
-    epoch_s, epoch_loss, first_loss, data_wait = [], [], None, 0.0
-    model.train()
-    memory.start()
-    for epoch in range(epochs):
-        clock.start()
-        loss_host, loss_dev, n = 0.0, torch.zeros((), device=device), 0
-        batches = iter(source.epoch(epoch))
+    run = _Run(model, source, recipe, loss_fn, device, options, evaluate, progress)
+    decisions = list(decisions or []) + run.decisions
+    with cpu_threads(recipe.cpu_threads), stop_signals(run.state):
+        run.memory.start()
+        for epoch in range(run.state.epoch, options.epochs):
+            run.state.epoch = epoch
+            run.train_epoch(epoch)
+        run.stepper.check_skips()
+    return run.result(setup_s=setup_s, decisions=decisions)
+
+
+class _Run:
+    """One run's objects and its per-epoch loop."""
+
+    def __init__(self, model, source, recipe, loss_fn, device, options, evaluate, progress):
+        if len(source) == 0:
+            raise MeasurementError("the data yields no batches: the dataset is empty or smaller "
+                                   "than one batch with drop_last=True")
+        self.model, self.source, self.recipe, self.device = model, source, recipe, device
+        self.options, self.evaluate, self.progress = options, evaluate, progress
+        capturable = recipe.step.cuda_graphs
+        self.optimizer, self.decisions = build_optimizer(model.parameters(), recipe.optim,
+                                                         device=device, capturable=capturable)
+        steps_per_epoch = -(-len(source) // recipe.step.accumulate)
+        self.scheduler = build_scheduler(self.optimizer, recipe.schedule,
+                                         total_steps=steps_per_epoch * options.epochs)
+        self.stepper = Stepper(model=model, optimizer=self.optimizer, scheduler=self.scheduler,
+                               loss_fn=loss_fn, cfg=recipe.step, device=device)
+        self.state, self.memory, self.clock = RunState(), PeakMemory(device), Stopwatch(device)
+        self.report_every = max(1, len(source) // 50)
+        if options.resume:
+            self._resume()
+        model.train()
+
+    def train_epoch(self, epoch: int) -> None:
+        state, source, n_batches = self.state, self.source, len(self.source)
+        if state.position == 0:
+            state.loss_host, state.losses = 0.0, torch.zeros(n_batches, device=self.device)
+        compile_before = self.stepper.stats.compile_s
+        self.clock.start()
+        batches = iter(source.epoch(epoch, start=state.position))
         while True:
             t0 = time.perf_counter()
             batch = next(batches, None)  # the data wait: blocked until the next batch exists
-            data_wait += time.perf_counter() - t0
+            state.data_wait_s += time.perf_counter() - t0
             if batch is None:
                 break
+            i = state.position
             x, y = source.to_device(*batch)
-            loss = step(x, y)
-            if first_loss is None:
-                first_loss = loss
-            if per_step_read:
-                loss_host += loss.item()  # sync: .item() waits for the device (the reference)
-            else:
-                loss_dev += loss  # stays on the device: no sync
-            n += 1
-            if progress is not None and n % report_every == 0:
-                progress.advance(report_every)
-        if n == 0:
-            raise MeasurementError(f"epoch {epoch} produced no batches: the dataset is empty or "
-                                   "smaller than one batch with drop_last=True")
-        total = loss_host + loss_dev.item()  # sync: once per epoch
-        epoch_s.append(clock.stop())
-        epoch_loss.append(total / max(n, 1))
-        if progress is not None:
-            progress.advance(n % report_every)
-            progress.epoch_done(epoch, epoch_loss[-1], epoch_s[-1])
-    mem = memory.read()
-    wall = sum(epoch_s)
-    return RunResult(
-        recipe=recipe.name, config=recipe.to_dict(),
-        decisions=[asdict(d) for d in decisions or []], device=str(device), epochs=epochs,
-        batches_per_epoch=n, samples_per_epoch=source.samples_per_epoch, setup_s=setup_s,
-        wall_s=wall, epoch_s=epoch_s, samples_per_s=source.samples_per_epoch * epochs / wall,
-        epoch_loss=epoch_loss, first_loss=float(first_loss.item()),  # sync: once, after training
-        data_wait_s=data_wait, data_wait_fraction=data_wait / wall,
-        peak_mem_bytes=mem.peak_bytes, peak_mem_kind=mem.kind)
+            loss = self.stepper(x, y, boundary=i == n_batches - 1)
+            self._record_loss(loss, i)
+            state.position, state.global_batches = i + 1, state.global_batches + 1
+            self._between_steps(i)
+        self._pause_clock()
+        self._check_finite(epoch, n_batches)
+        compiled = self.stepper.stats.compile_s - compile_before  # compiling is not training
+        self._end_epoch(epoch, state.epoch_partial_s - compiled)
+
+    def _record_loss(self, loss: torch.Tensor, i: int) -> None:
+        state = self.state
+        if state.first_loss is None:
+            state.first_loss = loss.clone()  # clone: a graphed step overwrites its loss tensor
+        if self.recipe.loss_sync == "step":
+            value = loss.item()  # sync: .item() waits for the device (the reference's loop)
+            state.loss_host += value
+            if not math.isfinite(value):
+                self._check_finite(state.epoch, i + 1)
+        else:
+            state.losses[i] = loss  # stays on the device: no sync
+
+    def _between_steps(self, i: int) -> None:
+        """Progress, NaN checks, evaluation, checkpoints and signals, off the training clock."""
+        state, options, n = self.state, self.options, i + 1
+        if self.progress is not None and n % self.report_every == 0:
+            self.progress.advance(self.report_every)
+        if self.recipe.loss_sync == "epoch" and n % options.nonfinite_check_every == 0:
+            self._check_finite(state.epoch, n)
+        steps = self.stepper.stats.optimizer_steps
+        at_opt_step = n % self.recipe.step.accumulate == 0 or n == len(self.source)
+        eval_due = bool(options.eval_every) and state.global_batches % options.eval_every == 0
+        ckpt_due = bool(options.checkpoint_every) and at_opt_step and steps > 0 and (
+            steps % options.checkpoint_every == 0)
+        stop = state.stop_signal is not None and at_opt_step  # finish the optimizer step first
+        if not (eval_due or ckpt_due or stop):
+            return
+        self._pause_clock()
+        if eval_due:
+            self._evaluate()
+        if ckpt_due or stop:
+            self._save_checkpoint()
+        if stop:
+            self._interrupt()
+        self.clock.start()
+
+    def _pause_clock(self) -> None:
+        elapsed = self.clock.stop()  # sync: the device finishes the queued steps first
+        self.state.train_s += elapsed
+        self.state.epoch_partial_s += elapsed
+
+    def _end_epoch(self, epoch: int, epoch_s: float) -> None:
+        state, n_batches = self.state, len(self.source)
+        total = state.loss_host + float(state.losses.sum().item())  # sync: once per epoch
+        state.epoch_s.append(epoch_s)
+        state.epoch_loss.append(total / n_batches)
+        state.epoch, state.position, state.epoch_partial_s = epoch + 1, 0, 0.0
+        if self.options.evaluates:
+            self._evaluate()
+        if self.progress is not None:
+            self.progress.advance(n_batches % self.report_every)
+            self.progress.epoch_done(epoch, state.epoch_loss[-1], epoch_s)
+
+    def _evaluate(self) -> None:
+        if self.evaluate is None:
+            return
+        state, t0 = self.state, time.perf_counter()
+        accuracy = self.evaluate(self.model)
+        self.model.train()
+        spent = time.perf_counter() - t0
+        state.eval_s += spent
+        state.evals.append({"epoch": state.epoch, "batches": state.global_batches,
+                            "train_s": self._train_s_now(), "accuracy": accuracy, "eval_s": spent})
+        target = self.options.target_accuracy
+        if target is not None and state.time_to_target_s is None and accuracy >= target:
+            state.time_to_target_s = self._train_s_now()
+
+    def _train_s_now(self) -> float:
+        return self.state.train_s - self.stepper.stats.compile_s
+
+    def _check_finite(self, epoch: int, upto: int) -> None:
+        if not self.recipe.step.stop_on_nonfinite:
+            return
+        state = self.state
+        window = state.losses[:upto]
+        if self.recipe.loss_sync == "epoch" and bool(torch.isfinite(window).all()):  # sync: every
+            return  # nonfinite_check_every batches
+        if self.recipe.loss_sync == "step" and math.isfinite(state.loss_host):
+            return
+        bad = _first_bad(window) if self.recipe.loss_sync == "epoch" else upto - 1
+        samples = self.source.batch_indices(epoch, bad)
+        shown = "unknown" if samples is None else _short(samples.tolist())
+        raise NonFiniteLoss(f"the loss became non-finite at epoch {epoch}, batch {bad} of the "
+                            f"epoch (batch {state.global_batches} of the run); the batch held "
+                            f"samples {shown}. Lower the learning rate, use precision='fp32', or "
+                            "check those samples for NaN/inf values.")
+
+    def _save_checkpoint(self) -> None:
+        folder = self.options.checkpoint_dir
+        if folder is None:
+            return
+        saved = self.state.to_checkpoint(model=self.model, optimizer=self.optimizer,
+                                         scheduler=self.scheduler, scaler=self.stepper.scaler,
+                                         recipe=self.recipe.to_dict())
+        saved["train_s"] -= self.stepper.stats.compile_s  # a resumed run recompiles anyway
+        ckpt.save_checkpoint(folder, saved, step=self.stepper.stats.optimizer_steps)
+
+    def _resume(self) -> None:
+        folder = self.options.checkpoint_dir
+        saved, path, skipped = ckpt.latest_checkpoint(folder, map_location=self.device)
+        for bad, reason in skipped:
+            warnings.warn(f"skipped checkpoint {bad}: {reason}", stacklevel=3)
+        if saved is None:
+            self.decisions.append(Decision("resume", False, reason=(
+                f"no valid checkpoint in {folder}; started from scratch")))
+            return
+        self.state.restore(saved, model=self.model, optimizer=self.optimizer,
+                           scheduler=self.scheduler, scaler=self.stepper.scaler, device=self.device)
+        self.stepper.stats.optimizer_steps = int(self.scheduler.last_epoch)
+        self.state.resumed_from = str(path)
+
+    def _interrupt(self) -> None:
+        signum, folder = self.state.stop_signal, self.options.checkpoint_dir
+        where = (f"checkpoint saved in {folder}; continue with --resume" if folder
+                 else "no checkpoint folder was given (--checkpoint DIR), nothing saved")
+        raise Interrupted(signum, f"stopped by signal {signum} after batch "
+                                  f"{self.state.global_batches}; {where}")
+
+    def result(self, *, setup_s: float, decisions: list[Decision]) -> RunResult:
+        state, stats, mem = self.state, self.stepper.stats, self.memory.read()
+        if state.first_loss is None:
+            raise MeasurementError("no batch was trained: the dataset is empty or smaller than "
+                                   "one batch with drop_last=True")
+        wall, samples = sum(state.epoch_s), self.source.samples_per_epoch * len(state.epoch_s)
+        return RunResult(
+            recipe=self.recipe.name, config=self.recipe.to_dict(),
+            decisions=[asdict(d) for d in [*self.recipe.reasons, *decisions]],
+            device=str(self.device), epochs=len(state.epoch_s), batches_per_epoch=len(self.source),
+            samples_per_epoch=self.source.samples_per_epoch, setup_s=setup_s, wall_s=wall,
+            epoch_s=state.epoch_s, samples_per_s=samples / wall if wall > 0 else 0.0,
+            epoch_loss=state.epoch_loss, first_loss=float(state.first_loss.item()),  # sync: once
+            data_wait_s=state.data_wait_s, data_wait_fraction=min(state.data_wait_s / wall, 1.0),
+            peak_mem_bytes=mem.peak_bytes, peak_mem_kind=mem.kind,
+            eval_s=state.eval_s if state.evals else None, evals=state.evals,
+            test_accuracy=state.evals[-1]["accuracy"] if state.evals else None,
+            time_to_target_s=state.time_to_target_s, target_accuracy=self.options.target_accuracy,
+            compile_s=stats.compile_s, recompiles=stats.recompiles,
+            compile_fallback=stats.compile_fallback, optimizer_steps=stats.optimizer_steps,
+            optimizer_impl=optimizer_kind(self.optimizer),
+            skipped_steps=int(stats.skipped_steps.item()),  # sync: once
+            resumed_from=state.resumed_from)
+
+
+def _first_bad(losses: torch.Tensor) -> int:
+    return int(torch.nonzero(~torch.isfinite(losses))[0, 0].item())  # sync: only on failure
+
+
+def _short(items: list[int], limit: int = 16) -> str:
+    head = ", ".join(map(str, items[:limit]))
+    return f"[{head}{', ...' if len(items) > limit else ''}] ({len(items)} samples)"

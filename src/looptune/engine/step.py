@@ -1,29 +1,181 @@
-"""The training step, built once per run from the recipe."""
+"""The training step, built once per run from the recipe's ``StepConfig``.
+
+A :class:`Stepper` takes one micro-batch per call and steps the optimizer (and the LR schedule)
+every ``accumulate`` micro-batches. Precision (autocast, GradScaler), compilation and CUDA-graph
+capture are decided here, once; the loop only calls ``stepper(x, y, boundary=...)``.
+"""
 
 from __future__ import annotations
 
+import contextlib
+import time
 from collections.abc import Callable
+from dataclasses import dataclass, field
 
 import torch
 
-__all__ = ["StepFn", "build_step"]
+from looptune.engine import graphs
+from looptune.errors import MeasurementError
+from looptune.recipe import StepConfig
 
-StepFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+__all__ = ["StepStats", "Stepper", "autocast"]
+
+LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
 
-def build_step(*, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
-               loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]) -> StepFn:
-    """Return ``step(x, y) -> loss``: zero_grad, forward, backward, optimizer step.
+@dataclass
+class StepStats:
+    """What the step measured about itself (all host-side counters, no syncs)."""
 
-    The returned loss is detached and still on the device: reading it is the caller's choice of
-    sync point.
+    optimizer_steps: int = 0
+    compile_s: float = 0.0  # host time of the steps that compiled a graph (excluded from training)
+    compile_events: int = 0  # steps during which torch.compile produced a new graph
+    compile_fallback: str | None = None  # why torch.compile was abandoned for eager, if it was
+    skipped_steps: torch.Tensor | None = None  # fp16: optimizer steps skipped for inf/nan grads
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def recompiles(self) -> int:
+        return max(self.compile_events - 1, 0)
+
+
+def autocast(device: torch.device, precision: str, *, cache: bool = True):
+    """``torch.autocast`` for ``precision`` ("fp32" disables it). ``cache=False`` inside graphs."""
+    if precision == "fp32":
+        return contextlib.nullcontext()
+    return torch.autocast(device.type, dtype=_DTYPES[precision], cache_enabled=cache)
+
+
+class Stepper:
+    """``stepper(x, y, boundary=False) -> loss``: forward, backward, and every ``accumulate``
+    micro-batches (or at ``boundary``, the epoch's last batch) an optimizer + schedule step.
+
+    The returned loss is the micro-batch's unscaled mean loss, detached, still on the device.
     """
 
-    def step(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        optimizer.zero_grad(set_to_none=True)  # None grads: no memset kernel per parameter
-        loss = loss_fn(model(x), y)
-        loss.backward()
-        optimizer.step()
+    def __init__(self, *, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
+                 scheduler: torch.optim.lr_scheduler.LRScheduler | None, loss_fn: LossFn,
+                 cfg: StepConfig, device: torch.device) -> None:
+        self.model, self.optimizer, self.scheduler = model, optimizer, scheduler
+        self.loss_fn, self.cfg, self.device = loss_fn, cfg, device
+        self.stats = StepStats()
+        self.scaler = torch.amp.GradScaler(device.type) if cfg.precision == "fp16" else None
+        self._consecutive = torch.zeros((), dtype=torch.int64, device=device)
+        self.stats.skipped_steps = torch.zeros((), dtype=torch.int64, device=device)
+        self._micro = 0
+        self._forward = _compiled(model, cfg.compile, self.stats)
+        self._graph: graphs.GraphedStep | None = None
+
+    def __call__(self, x: torch.Tensor, y: torch.Tensor, *, boundary: bool = False) -> torch.Tensor:
+        if self.cfg.cuda_graphs:
+            return self._graphed(x, y)
+        if self.cfg.compile != "off" and self.stats.compile_fallback is None:
+            return self._timed_compile(x, y, boundary)
+        return self._micro_step(x, y, boundary)
+
+    def _micro_step(self, x: torch.Tensor, y: torch.Tensor, boundary: bool) -> torch.Tensor:
+        k = self.cfg.accumulate
+        with autocast(self.device, self.cfg.precision):
+            loss = self.loss_fn(self._forward(x), y)
+        scaled = loss / k if k > 1 else loss  # mean over the effective batch, not the sum
+        (self.scaler.scale(scaled) if self.scaler else scaled).backward()
+        self._micro += 1
+        if self._micro == k or boundary:
+            self._optimizer_step()
         return loss.detach()
 
-    return step
+    def _optimizer_step(self) -> None:
+        if self.scaler is None:
+            self.optimizer.step()
+        else:
+            self._scaled_step()
+        self.optimizer.zero_grad(set_to_none=True)  # None grads: no memset kernel per parameter
+        if self.scheduler is not None:
+            self.scheduler.step()
+        self._micro = 0
+        self.stats.optimizer_steps += 1
+
+    def _scaled_step(self) -> None:
+        scaler = self.scaler
+        before = _scale_of(scaler).clone()
+        scaler.step(self.optimizer)  # skips the update when the grads hold inf/nan
+        scaler.update()
+        skipped = (_scale_of(scaler) < before).to(torch.int64)  # the scale backs off on a skip
+        self.stats.skipped_steps += skipped
+        self._consecutive.mul_(skipped).add_(skipped)  # reset to 0 on a good step, else +1
+        if self.stats.optimizer_steps % self.cfg.max_consecutive_skips == 0:
+            self.check_skips()
+
+    def check_skips(self) -> None:
+        """Stop the run after ``max_consecutive_skips`` overflow-skipped steps in a row."""
+        if self.scaler is None:
+            return
+        run = int(self._consecutive.item())  # sync: once every max_consecutive_skips steps
+        if run >= self.cfg.max_consecutive_skips:
+            raise MeasurementError(
+                f"fp16: {run} optimizer steps in a row were skipped for inf/nan gradients (up to "
+                f"optimizer step {self.stats.optimizer_steps}, loss scale now "
+                f"{self.scaler.get_scale():g}). The model overflows in fp16: use precision='bf16' "
+                "or 'fp32', or lower the learning rate.")
+
+    def _timed_compile(self, x: torch.Tensor, y: torch.Tensor, boundary: bool) -> torch.Tensor:
+        graphs_before = _graph_count()
+        t0 = time.perf_counter()
+        try:
+            loss = self._micro_step(x, y, boundary)
+        except Exception as err:  # compilation failed: fall back to eager, say why
+            if not _is_compile_error(err):
+                raise
+            self._fall_back_to_eager(err)
+            return self._micro_step(x, y, boundary)
+        if _graph_count() != graphs_before:  # this call compiled: its time is compile time
+            self.stats.compile_s += time.perf_counter() - t0
+            self.stats.compile_events += 1
+        return loss
+
+    def _fall_back_to_eager(self, err: Exception) -> None:
+        self.stats.compile_fallback = (f"torch.compile(mode={self.cfg.compile!r}) failed, ran "
+                                       f"eagerly instead: {type(err).__name__}: {err}"[:500])
+        self._forward = self.model
+        self.optimizer.zero_grad(set_to_none=True)  # drop anything the failed step accumulated
+        self._micro = 0
+
+    def _graphed(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        if self._graph is None:
+            self._graph = graphs.GraphedStep(model=self.model, optimizer=self.optimizer,
+                                             loss_fn=self.loss_fn, example=(x, y),
+                                             precision=self.cfg.precision)
+        loss = self._graph(x, y)
+        if self.scheduler is not None:
+            self.scheduler.step()  # updates the lr tensor in place: the graph reads it on replay
+        self.stats.optimizer_steps += 1
+        return loss
+
+
+def _scale_of(scaler: torch.amp.GradScaler) -> torch.Tensor:
+    scale = getattr(scaler, "_scale", None)  # the live scale tensor: comparing it needs no sync
+    if isinstance(scale, torch.Tensor):
+        return scale
+    return torch.tensor(scaler.get_scale())  # sync: fallback if torch changes GradScaler's internals
+
+
+def _compiled(model: torch.nn.Module, mode: str, stats: StepStats):
+    if mode == "off":
+        return model
+    try:
+        return torch.compile(model, mode=None if mode == "default" else mode)
+    except Exception as err:  # e.g. an unsupported Python version raises at torch.compile()
+        stats.compile_fallback = f"torch.compile unavailable, ran eagerly: {type(err).__name__}: {err}"
+        return model
+
+
+def _graph_count() -> int:
+    from torch._dynamo.utils import counters  # dynamo's own tally of compiled graphs
+
+    return int(counters["stats"]["unique_graphs"])
+
+
+def _is_compile_error(err: Exception) -> bool:
+    module = type(err).__module__
+    return module.startswith(("torch._dynamo", "torch._inductor")) or "compile" in str(err).lower()

@@ -34,6 +34,16 @@ class RunResult:
     peak_mem_kind: str  # what peak_mem_bytes measures, see measure.memory
     test_accuracy: float | None = None  # fraction correct on the test set after training
     eval_s: float | None = None  # evaluation time, excluded from wall_s
+    evals: list[dict[str, Any]] = field(default_factory=list)  # {epoch, batches, train_s, accuracy, eval_s}
+    target_accuracy: float | None = None  # what time_to_target_s measures against
+    time_to_target_s: float | None = None  # training time until an evaluation reached the target
+    compile_s: float = 0.0  # torch.compile time (first calls, recompilations), excluded from wall_s
+    recompiles: int = 0  # graphs compiled after the first one (new shapes, guard failures)
+    compile_fallback: str | None = None  # why the run fell back from torch.compile to eager
+    optimizer_steps: int = 0  # optimizer updates (batches / accumulate, rounded up per epoch)
+    optimizer_impl: str = ""  # the update kernels actually used: fused | foreach | for-loop
+    skipped_steps: int = 0  # fp16: optimizer steps skipped for inf/nan gradients
+    resumed_from: str | None = None  # the checkpoint this run continued from
     extra: dict[str, Any] = field(default_factory=dict)
 
     @property

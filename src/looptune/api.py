@@ -1,0 +1,140 @@
+"""``looptune.train``: the engine on a user's own model and data."""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+from torch.utils.data import DataLoader, Dataset
+
+from looptune.data import loaders
+from looptune.data.loaders import ImageData
+from looptune.data.user import UserLoaderSource, is_map_dataset, tensorize
+from looptune.engine.device import device_problem, resolve_device
+from looptune.engine.loop import Progress, RunOptions
+from looptune.engine.loop import train as run_loop
+from looptune.errors import ConfigError
+from looptune.measure.results import RunResult
+from looptune.presets import get_recipe
+from looptune.recipe import Recipe
+from looptune.resolve import resolve
+
+__all__ = ["train", "top1_correct"]
+
+Metric = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]  # (outputs, targets) -> batch sum
+
+
+def top1_correct(outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """The default metric: number of correct top-1 predictions in the batch."""
+    return (outputs.argmax(dim=1) == targets).sum()
+
+
+def train(model: torch.nn.Module, train_data: Dataset | DataLoader | ImageData, *,
+          recipe: str | Recipe = "device", loss_fn: Callable, eval_data=None,
+          metric: Metric = top1_correct, device: str = "auto", epochs: int = 1, seed: int = 0,
+          target_accuracy: float | None = None, eval_every: int | None = None,
+          checkpoint_dir: str | os.PathLike | None = None, checkpoint_every: int | None = None,
+          resume: bool = False, progress: Progress | None = None) -> RunResult:
+    """Train ``model`` on ``train_data`` under ``recipe`` and measure the run.
+
+    Args:
+        model: any ``nn.Module``; moved to the device.
+        train_data: a map-style Dataset of ``(input, target)`` tensors (decoded once into
+            tensors for the ``tensorized``/``prefetch``/``device`` strategies), any DataLoader
+            (used as given; needs strategy ``dataloader``), or an ``ImageData``.
+        recipe: a built-in name (``looptune.presets.RECIPES``) or a Recipe.
+        loss_fn: ``loss_fn(outputs, targets) -> scalar``.
+        eval_data: optional Dataset/DataLoader/ImageData scored after training (and per epoch
+            with ``target_accuracy``/``eval_every``).
+        metric: ``metric(outputs, targets) -> per-batch sum``; reported as the mean per sample.
+        device, epochs, seed, target_accuracy, eval_every, checkpoint_dir, checkpoint_every,
+            resume: as for ``looptune bench``.
+
+    Returns:
+        RunResult: the same record as one run of the bench JSON.
+
+    Raises:
+        ConfigError: every invalid argument at once, before any work.
+
+    Example:
+        >>> ds = torch.utils.data.TensorDataset(torch.randn(256, 8), torch.randint(0, 2, (256,)))
+        >>> res = looptune.train(torch.nn.Linear(8, 2), ds, loss_fn=torch.nn.functional.cross_entropy)
+    """
+    options = RunOptions(epochs=epochs, seed=seed, target_accuracy=target_accuracy,
+                         eval_every=eval_every, checkpoint_every=checkpoint_every, resume=resume,
+                         checkpoint_dir=None if checkpoint_dir is None else Path(checkpoint_dir))
+    recipe = _check(model, train_data, recipe, loss_fn, options, device)
+    dev = resolve_device(device)
+    resolved, decisions = resolve(recipe, dev.type)
+    t0 = time.perf_counter()
+    source = _source(train_data, resolved, dev, seed)
+    setup_s = time.perf_counter() - t0
+    model.to(dev)
+    score = None if eval_data is None else _evaluator(eval_data, metric, dev)
+    result = run_loop(model=model, source=source, recipe=resolved, loss_fn=loss_fn, device=dev,
+                      options=options, evaluate=score, setup_s=setup_s, decisions=decisions,
+                      progress=progress)
+    if score is None or result.test_accuracy is not None:
+        return result
+    t0 = time.perf_counter()
+    value = score(model)
+    return result.with_eval(test_accuracy=value, eval_s=time.perf_counter() - t0)
+
+
+def _check(model, train_data, recipe, loss_fn, options: RunOptions, device: str) -> Recipe:
+    problems = list(options.problems())
+    if not isinstance(model, torch.nn.Module):
+        problems.append(f"model is a {type(model).__name__}: pass a torch.nn.Module.")
+    if not callable(loss_fn):
+        problems.append(f"loss_fn={loss_fn!r} is not callable: pass e.g. torch.nn.CrossEntropyLoss().")
+    if not (isinstance(train_data, (DataLoader, ImageData)) or is_map_dataset(train_data)):
+        problems.append(f"train_data is a {type(train_data).__name__}: pass a map-style Dataset "
+                        "(with __getitem__ and __len__), a DataLoader, or an ImageData.")
+    problems += [p for p in [device_problem(device)] if p]
+    try:
+        recipe = get_recipe(recipe) if isinstance(recipe, str) else recipe
+        problems += [f"recipe {recipe.name!r}: {p}" for p in recipe.problems()]
+        if isinstance(train_data, DataLoader) and recipe.loader.strategy != "dataloader":
+            problems.append(f"a DataLoader is used as given, so it needs strategy='dataloader' "
+                            f"(recipe {recipe.name!r} has {recipe.loader.strategy!r}); pass its "
+                            "Dataset instead to let looptune build the batches.")
+    except ConfigError as err:
+        problems += err.problems
+    if problems:
+        raise ConfigError(problems)
+    return recipe
+
+
+def _source(train_data, recipe: Recipe, device: torch.device, seed: int):
+    if isinstance(train_data, DataLoader):
+        return UserLoaderSource(train_data, device, recipe.loader.non_blocking)
+    if not isinstance(train_data, ImageData) and recipe.loader.decode == "tensorized":
+        train_data = tensorize(train_data)  # decode once: batches become index gathers
+    return loaders.make(recipe.loader, train_data, device=device, seed=seed)
+
+
+def _evaluator(eval_data, metric: Metric, device: torch.device):
+    if isinstance(eval_data, DataLoader):
+        batches = eval_data
+    else:
+        data = eval_data if isinstance(eval_data, ImageData) else tensorize(eval_data)
+        batches = list(zip(data.images.split(1024), data.labels.split(1024)))
+        prepare = (lambda x: loaders.normalize_batch(x, data.mean, data.std))
+
+    @torch.no_grad()
+    def score(model: torch.nn.Module) -> float:
+        model.eval()
+        total, count = torch.zeros((), device=device, dtype=torch.float64), 0
+        for x, y in batches:
+            x, y = x.to(device), y.to(device)
+            if not isinstance(eval_data, DataLoader):
+                x = prepare(x)
+            total += metric(model(x), y).to(torch.float64)
+            count += len(y)
+        model.train()
+        return float(total.item()) / max(count, 1)  # sync: once per evaluation
+
+    return score

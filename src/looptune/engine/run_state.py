@@ -1,0 +1,159 @@
+"""What a training run carries between steps, and how it is saved, resumed and interrupted.
+
+Kept apart from ``loop.py`` so the loop reads top to bottom; everything here is bookkeeping.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import signal
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from looptune.engine import checkpoint as ckpt
+from looptune.errors import LooptuneError, MeasurementError
+
+__all__ = ["RunOptions", "RunState", "Interrupted", "NonFiniteLoss", "stop_signals", "cpu_threads"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class RunOptions:
+    """How long to train and what to record: settings of the run, not of the recipe."""
+
+    epochs: int  # passes over the training data
+    seed: int = 0  # initial weights (set by the caller) and every epoch's shuffle order
+    eval_every: int | None = None  # evaluate every N batches as well as at each epoch's end
+    target_accuracy: float | None = None  # record the training time when evaluation reaches it
+    checkpoint_dir: Path | None = None  # where checkpoints go (None: no checkpoints)
+    checkpoint_every: int | None = None  # optimizer steps between checkpoints
+    resume: bool = False  # continue from the newest valid checkpoint in checkpoint_dir
+    nonfinite_check_every: int = 100  # batches between NaN/inf checks when the loss stays on device
+
+    def problems(self) -> list[str]:
+        """Every invalid option, with the received value, what is allowed and the fix."""
+        out = []
+        if not _pos_int(self.epochs):
+            out.append(f"epochs={self.epochs!r} is invalid: must be an integer >= 1, e.g. --epochs 5.")
+        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:
+            out.append(f"seed={self.seed!r} is invalid: must be an integer >= 0.")
+        for name in ("eval_every", "checkpoint_every", "nonfinite_check_every"):
+            value = getattr(self, name)
+            if value is not None and not _pos_int(value):
+                out.append(f"{name}={value!r} is invalid: must be an integer >= 1 (steps).")
+        target = self.target_accuracy
+        if target is not None and not (isinstance(target, (int, float)) and 0 < target <= 1):
+            out.append(f"target_accuracy={target!r} is invalid: a fraction in (0, 1], e.g. 0.975.")
+        if self.checkpoint_dir is None and (self.checkpoint_every or self.resume):
+            out.append("checkpoint_every/resume need a checkpoint folder: pass --checkpoint DIR.")
+        if self.checkpoint_dir is not None and Path(self.checkpoint_dir).is_file():
+            out.append(f"checkpoint folder {str(self.checkpoint_dir)!r} is a file: give a folder.")
+        return out
+
+    @property
+    def evaluates(self) -> bool:
+        return self.eval_every is not None or self.target_accuracy is not None
+
+
+def _pos_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 1
+
+
+class Interrupted(LooptuneError):
+    """SIGINT/SIGTERM stopped the run after a whole step; ``exit_code`` is 128 + the signal."""
+
+    def __init__(self, signum: int, message: str) -> None:
+        super().__init__(message)
+        self.signum, self.exit_code = signum, 128 + signum
+
+
+class NonFiniteLoss(MeasurementError):
+    """The loss became NaN or infinite; the message names epoch, step and the batch's samples."""
+
+
+@dataclass
+class RunState:
+    """Progress of a run; everything needed to resume it exactly."""
+
+    epoch: int = 0  # current epoch
+    position: int = 0  # batches of the current epoch already trained
+    global_batches: int = 0  # batches trained in the whole run
+    train_s: float = 0.0  # training time so far (evaluation excluded; compilation included)
+    epoch_partial_s: float = 0.0  # training time of the current epoch up to the last pause
+    data_wait_s: float = 0.0
+    epoch_s: list[float] = field(default_factory=list)
+    epoch_loss: list[float] = field(default_factory=list)
+    loss_host: float = 0.0  # this epoch's summed loss, when read per step
+    losses: torch.Tensor | None = None  # this epoch's per-batch losses, when kept on the device
+    first_loss: torch.Tensor | None = None
+    evals: list[dict[str, Any]] = field(default_factory=list)
+    eval_s: float = 0.0
+    time_to_target_s: float | None = None
+    resumed_from: str | None = None
+    stop_signal: int | None = None  # set by the signal handler; checked after each step
+
+    def to_checkpoint(self, *, model, optimizer, scheduler, scaler, recipe: dict) -> dict:
+        return {
+            "model": model.state_dict(), "optimizer": optimizer.state_dict(),
+            "scheduler": None if scheduler is None else scheduler.state_dict(),
+            "scaler": None if scaler is None else scaler.state_dict(), "rng": ckpt.rng_state(),
+            "recipe": recipe, "epoch": self.epoch, "position": self.position,
+            "global_batches": self.global_batches, "train_s": self.train_s,
+            "epoch_partial_s": self.epoch_partial_s,
+            "data_wait_s": self.data_wait_s, "epoch_s": list(self.epoch_s),
+            "epoch_loss": list(self.epoch_loss), "loss_host": self.loss_host,
+            "losses": None if self.losses is None else self.losses.detach().cpu(),
+            "first_loss": None if self.first_loss is None else self.first_loss.detach().cpu(),
+            "evals": list(self.evals), "eval_s": self.eval_s,
+            "time_to_target_s": self.time_to_target_s,
+        }
+
+    def restore(self, saved: dict, *, model, optimizer, scheduler, scaler, device) -> None:
+        model.load_state_dict(saved["model"])
+        optimizer.load_state_dict(saved["optimizer"])
+        if scheduler is not None and saved["scheduler"] is not None:
+            scheduler.load_state_dict(saved["scheduler"])
+        if scaler is not None and saved["scaler"] is not None:
+            scaler.load_state_dict(saved["scaler"])
+        ckpt.set_rng_state(saved["rng"])
+        for name in ("epoch", "position", "global_batches", "train_s", "epoch_partial_s",
+                     "data_wait_s", "epoch_s",
+                     "epoch_loss", "loss_host", "evals", "eval_s", "time_to_target_s"):
+            setattr(self, name, saved[name])
+        self.losses = None if saved["losses"] is None else saved["losses"].to(device)
+        self.first_loss = None if saved["first_loss"] is None else saved["first_loss"].to(device)
+
+
+@contextlib.contextmanager
+def stop_signals(state: RunState):
+    """SIGINT/SIGTERM set ``state.stop_signal``; the loop stops after the current step."""
+    if threading.current_thread() is not threading.main_thread():
+        yield  # signal handlers can only be installed from the main thread
+        return
+
+    def handler(signum, frame):
+        state.stop_signal = signum
+
+    previous = {s: signal.signal(s, handler) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for s, h in previous.items():
+            signal.signal(s, h)
+
+
+@contextlib.contextmanager
+def cpu_threads(n: int | None):
+    """Run with ``n`` torch intra-op threads (None: leave torch's setting), then restore it."""
+    if n is None:
+        yield
+        return
+    before = torch.get_num_threads()
+    torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
