@@ -172,7 +172,8 @@ class _Run:
         state.epoch_s.append(epoch_s)
         state.epoch_loss.append(total / n_batches)
         state.epoch, state.position, state.epoch_partial_s = epoch + 1, 0, 0.0
-        if self.options.evaluates:
+        already = bool(state.evals) and state.evals[-1]["batches"] == state.global_batches
+        if self.options.evaluates and not already:
             self._evaluate()
         if self.progress is not None:
             self.progress.advance(n_batches % self.report_every)
@@ -207,8 +208,9 @@ class _Run:
         bad = _first_bad(window) if self.recipe.loss_sync == "epoch" else upto - 1
         samples = self.source.batch_indices(epoch, bad)
         shown = "unknown" if samples is None else _short(samples.tolist())
+        run_batch = state.global_batches - state.position + bad
         raise NonFiniteLoss(f"the loss became non-finite at epoch {epoch}, batch {bad} of the "
-                            f"epoch (batch {state.global_batches} of the run); the batch held "
+                            f"epoch (batch {run_batch} of the run, 0-based); the batch held "
                             f"samples {shown}. Lower the learning rate, use precision='fp32', or "
                             "check those samples for NaN/inf values.")
 
@@ -272,6 +274,6 @@ def _first_bad(losses: torch.Tensor) -> int:
     return int(torch.nonzero(~torch.isfinite(losses))[0, 0].item())  # sync: only on failure
 
 
-def _short(items: list[int], limit: int = 16) -> str:
+def _short(items: list[int], limit: int = 64) -> str:
     head = ", ".join(map(str, items[:limit]))
     return f"[{head}{', ...' if len(items) > limit else ''}] ({len(items)} samples)"
