@@ -31,8 +31,12 @@ def main(argv: list[str] | None = None) -> int:
                    help="CI mode: baseline + fast recipes only, report ratios, never fail on them")
     args = p.parse_args(argv)
     recipes = "seed-baseline,tensorized,device" if args.smoke else args.recipes
-    results = looptune.bench(recipes=recipes.split(","), epochs=args.epochs, device=args.device,
-                             data_dir=args.data)
+    try:
+        results = looptune.bench(recipes=recipes.split(","), epochs=args.epochs, device=args.device,
+                                 data_dir=args.data)
+    except looptune.LooptuneError as err:
+        print(f"seed_ladder: error: {err}", file=sys.stderr)
+        return 2
     wide_console().print(bench_table(results))
     if args.json:
         results.write_json(args.json)
@@ -41,10 +45,11 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _report(results: looptune.BenchResults) -> bool:
-    base = results.runs[0]
-    if base.recipe != "seed-baseline":
-        print("ratios are against the first recipe; the goal check needs seed-baseline first")
-        return True
+    base, names = results.runs[0], [r.recipe for r in results.runs]
+    if base.recipe != "seed-baseline" or not set(FAST) <= set(names):
+        print(f"the goal check needs seed-baseline first and {', '.join(FAST)} in --recipes: "
+              "ratios only, no verdict")
+        return False
     ok = True
     for run, speedup in zip(results.runs, results.speedups()):
         d_acc = 100 * (run.test_accuracy - base.test_accuracy)

@@ -4,7 +4,7 @@ import pytest
 
 from looptune.errors import ConfigError
 from looptune.presets import RECIPES, get_recipe, parse_recipes
-from looptune.recipe import LoaderConfig, OptimConfig, Recipe, ScheduleConfig, StepConfig
+from looptune.recipe import LoaderConfig, OptimConfig, Recipe
 from looptune.resolve import resolve
 
 

@@ -18,6 +18,7 @@ def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> Path:
             f.write(data)
             f.flush()
             os.fsync(f.fileno())  # the bytes are on disk before the rename makes them visible
+        os.chmod(tmp, 0o644)  # mkstemp creates 0600; results and data files are meant to be read
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
@@ -58,6 +59,4 @@ def writable_problem(path: str | os.PathLike, flag: str) -> str | None:
         return f"{flag} {str(path)!r} cannot be written ({err.strerror}). Choose a writable path."
     os.close(fd)
     os.unlink(tmp)
-    if path.exists() and not os.access(path, os.W_OK):
-        return f"{flag} {str(path)!r} exists and is read-only. Choose another path or chmod u+w it."
-    return None
+    return None  # an existing read-only file is fine: the atomic rename replaces it

@@ -19,3 +19,16 @@ def test_seed_ladder_smoke(mnist_dir, tmp_path):
     assert "x vs seed-baseline" in proc.stdout and out.exists()
     for name in ("tensorized", "device"):
         assert f"{name}:" in proc.stdout
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("script,needles", [
+    ("switches.py", ["impl=fused", "precision=bf16", "compile=default", "skipped"]),
+    ("engine_goals.py", ["speed at batch 64", "time to 97.5%"]),
+])
+def test_engine_benchmarks_smoke(mnist_dir, script, needles):
+    proc = subprocess.run([sys.executable, str(BENCHMARKS / script), "--smoke", "--data", str(mnist_dir),
+                           "--device", "cpu"], capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stderr
+    for needle in needles:
+        assert needle in proc.stdout

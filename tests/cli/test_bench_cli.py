@@ -155,3 +155,30 @@ def test_data_download_from_a_local_mirror(capsys, mnist_dir, tmp_path):
     out = capsys.readouterr().out
     assert code == 0 and "verified" in out
     assert sorted(p.name for p in dest.iterdir()) == sorted(f"{n}.gz" for n in mnist.NAMES)
+
+
+def test_bad_set_and_run_options_are_reported_together(capsys, tmp_path):
+    code, err = _run(capsys, "--set", "step.precison=bf16", "--set", "optim.lr=fast",
+                     "--target-accuracy", "97.5", "--resume", "--repeats", "0", "--data", str(tmp_path))
+    assert code == 2
+    for needle in ("--set 'step.precison=bf16' is invalid", "step.precision",
+                   "'fast' is not a valid float", "target_accuracy=97.5 is invalid",
+                   "--checkpoint DIR", "--repeats 0 is invalid"):
+        assert needle in err
+
+
+def test_cuda_graphs_on_cpu_is_refused_before_training(capsys, tmp_path):
+    code, err = _run(capsys, "--recipes", "device", "--set", "step.cuda_graphs=true",
+                     "--device", "cpu", "--data", str(tmp_path))
+    assert code == 2 and "cuda_graphs=True needs a CUDA device" in err
+
+
+def test_interrupted_run_exits_with_128_plus_signal(monkeypatch, capsys, mnist_dir):
+    from looptune.engine.run_state import Interrupted
+
+    def interrupted(**kwargs):
+        raise Interrupted(15, "stopped by signal 15 after batch 7; checkpoint saved in X")
+
+    monkeypatch.setattr(bench_cmd, "bench", interrupted)
+    code = main(["bench", "mnist", "--recipes", "device", "--data", str(mnist_dir)])
+    assert code == 143 and "stopped by signal 15" in capsys.readouterr().err

@@ -20,6 +20,7 @@ from looptune.engine.loop import Progress, RunOptions, train
 from looptune.errors import ConfigError
 from looptune.measure.provenance import provenance
 from looptune.measure.results import RunResult
+from looptune.measure.timing import sync
 from looptune.presets import DEFAULT_BENCH, RECIPES, get_recipe
 from looptune.recipe import Recipe
 from looptune.resolve import resolve
@@ -78,7 +79,7 @@ def bench(*, workload: str = "mnist-mlp", recipes: Sequence[str | Recipe] = DEFA
           epochs: int | None = None, seed: int = 0, device: str = "auto",
           data_dir: str | None = None, target_accuracy: float | None = None,
           eval_every: int | None = None, checkpoint_dir: str | os.PathLike | None = None,
-          checkpoint_every: int | None = None, resume: bool = False,
+          checkpoint_every: int | None = None, resume: bool = False, repeats: int = 1,
           progress: ProgressFactory | None = None) -> BenchResults:
     """Run ``workload`` under each recipe, side by side in one process, and measure each.
 
@@ -94,6 +95,7 @@ def bench(*, workload: str = "mnist-mlp", recipes: Sequence[str | Recipe] = DEFA
             record the training time at which test accuracy first reached it.
         checkpoint_dir: checkpoints go to ``checkpoint_dir/RECIPE`` every ``checkpoint_every``
             optimizer steps; ``resume`` continues each recipe from its newest valid one.
+        repeats: run every recipe this many times (interleaved) and keep the median run.
         progress: optional factory of progress sinks, one per recipe.
 
     Returns:
@@ -106,27 +108,56 @@ def bench(*, workload: str = "mnist-mlp", recipes: Sequence[str | Recipe] = DEFA
     Example:
         >>> res = looptune.bench(recipes=["seed-baseline", "device"], epochs=1)  # doctest: +SKIP
     """
+    if isinstance(recipes, str):  # "a,b" or "a": a name, not a sequence of one-letter names
+        recipes = [name.strip() for name in recipes.split(",") if name.strip()]
     spec = get_workload(workload)
     options = RunOptions(epochs=spec.default_epochs if epochs is None else epochs, seed=seed,
                          target_accuracy=target_accuracy, eval_every=eval_every,
                          checkpoint_dir=None if checkpoint_dir is None else Path(checkpoint_dir),
                          checkpoint_every=checkpoint_every, resume=resume)
     problems = check_bench_args(recipes=recipes, options=options, device=device)
+    if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
+        problems.append(f"repeats={repeats!r} is invalid: must be an integer >= 1 (median of N runs).")
     if problems:
         raise ConfigError(problems)
     dev = resolve_device(device)
     chosen = [r if isinstance(r, Recipe) else get_recipe(r, dev.type) for r in recipes]
     train_data, test_data = spec.load(data_dir=data_dir)
-    runs = []
-    for recipe in chosen:
-        steps = options.epochs * loaders.num_batches(len(train_data), recipe.loader.batch_size,
-                                                     recipe.loader.drop_last)
-        sink = progress(recipe, steps) if progress else None
-        runs.append(run_recipe(spec, recipe, train_data=train_data, test_data=test_data,
-                               device=dev, options=_for_recipe(options, recipe), progress=sink))
-        _release(dev)
+    _warm_up(spec, train_data, dev)
+    trials: list[list[RunResult]] = [[] for _ in chosen]
+    for _ in range(repeats):  # interleaved: drifts in machine speed hit every recipe alike
+        for recipe, runs in zip(chosen, trials):
+            steps = options.epochs * loaders.num_batches(len(train_data), recipe.loader.batch_size,
+                                                         recipe.loader.drop_last)
+            sink = progress(recipe, steps) if progress else None
+            runs.append(run_recipe(spec, recipe, train_data=train_data, test_data=test_data,
+                                   device=dev, options=_for_recipe(options, recipe), progress=sink))
+            _release(dev)
     return BenchResults(workload=spec.name, epochs=options.epochs, seed=seed,
-                        provenance=provenance(dev), runs=runs)
+                        provenance=provenance(dev), runs=[_median(runs) for runs in trials])
+
+
+def _median(runs: list[RunResult]) -> RunResult:
+    """The run with the median training time; every repeat's time is kept in ``extra``."""
+    ordered = sorted(runs, key=lambda r: r.wall_s)
+    chosen = ordered[(len(ordered) - 1) // 2]
+    if len(runs) == 1:
+        return chosen
+    return dataclasses.replace(chosen, extra={**chosen.extra, "repeat_wall_s": [r.wall_s for r in runs]})
+
+
+def _warm_up(workload: Workload, data: ImageData, device: torch.device, steps: int = 30) -> None:
+    """Untimed steps before the first measured run, so it does not pay one-time start-up costs
+    (kernel libraries' first-call setup, allocator growth, lazy CUDA module loading)."""
+    model = workload.build_model().to(device)
+    optimizer = torch.optim.Adam(model.parameters())
+    x = loaders.normalize_batch(data.images[:64].to(device), data.mean, data.std)
+    y = data.labels[:64].to(device)
+    for _ in range(steps):
+        optimizer.zero_grad(set_to_none=True)
+        workload.loss_fn(model(x), y).backward()
+        optimizer.step()
+    sync(device)
 
 
 def _for_recipe(options: RunOptions, recipe: Recipe) -> RunOptions:

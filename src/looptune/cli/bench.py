@@ -37,6 +37,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--device", default="auto", help=f"{' | '.join(get_args(DeviceChoice))}")
     p.add_argument("--seed", type=int, default=0, help="seed for weights and shuffling")
     p.add_argument("--json", metavar="PATH", default=None, help="write the results here (atomic)")
+    p.add_argument("--repeats", type=int, default=1, metavar="N",
+                   help="run each recipe N times (interleaved) and report the median run")
     p.add_argument("--set", metavar="FIELD=VALUE", action="append", default=[], dest="overrides",
                    help="change a recipe field for every recipe, e.g. --set step.precision=bf16 "
                         "--set loader.batch_size=256 (repeatable)")
@@ -55,8 +57,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 def _preflight(args: argparse.Namespace) -> tuple[list[Recipe], RunOptions]:
     """Check every argument and the data before any training; raise all problems at once."""
-    workload = get_workload(args.workload)
     problems, recipes = [], []
+    try:
+        workload = get_workload(args.workload)
+    except ConfigError as err:
+        problems += err.problems
+        workload = get_workload("mnist-mlp")  # keep checking the other arguments
     try:
         recipes = parse_recipes(args.recipes, device_type(args.device))
         recipes = [with_overrides(r, args.overrides) for r in recipes]
@@ -69,6 +75,8 @@ def _preflight(args: argparse.Namespace) -> tuple[list[Recipe], RunOptions]:
         checkpoint_every=args.checkpoint_every, resume=args.resume)
     problems += check_bench_args(recipes=recipes or ["seed-baseline"], options=options,
                                  device=args.device)
+    if args.repeats < 1:
+        problems.append(f"--repeats {args.repeats} is invalid: must be >= 1 (median of N runs).")
     if args.json is not None:
         problems += [p for p in [writable_problem(args.json, "--json")] if p]
     try:
@@ -108,6 +116,7 @@ def run(args: argparse.Namespace) -> int:
                         target_accuracy=options.target_accuracy, eval_every=options.eval_every,
                         checkpoint_dir=options.checkpoint_dir,
                         checkpoint_every=options.checkpoint_every, resume=options.resume,
+                        repeats=args.repeats,
                         progress=lambda recipe, total: _Bar(progress, recipe, total))
     out.print(bench_table(results))
     for note in bench_notes(results):

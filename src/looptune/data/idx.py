@@ -21,13 +21,13 @@ from __future__ import annotations
 
 import gzip
 import os
-import tempfile
 import zlib
 from pathlib import Path
 from typing import Callable, Union
 
 import numpy as np
 
+from looptune._io import atomic_write_bytes
 from looptune.errors import DataError
 
 __all__ = ["DTYPES", "read_idx", "read_idx_bytes", "write_idx"]
@@ -53,8 +53,8 @@ def read_idx(path: PathLike, *, check: Callable[[bytes], None] | None = None) ->
 
     Args:
         path: the file; gzip is detected from its magic bytes, not from its name.
-        check: optional callable given the decompressed bytes before they are parsed, so a
-            caller can hash the content without reading the file twice (it raises to reject).
+        check: optional callable given the decompressed bytes after their layout was validated,
+            so a caller can hash the content without reading the file twice (it raises to reject).
 
     Returns:
         An array with the file's shape and dtype (uint8, int8, int16, int32, float32, float64).
@@ -64,19 +64,28 @@ def read_idx(path: PathLike, *, check: Callable[[bytes], None] | None = None) ->
             or payload size is invalid. The message names the file, expected and actual values.
     """
     data, gzipped = _load(Path(path))
+    holder = "the decompressed file" if gzipped else "the file"
+    array = _parse(data, source=str(path), holder=holder)  # layout errors say more than a hash
     if check is not None:
         check(data)
-    holder = "the decompressed file" if gzipped else "the file"
-    return _parse(data, source=str(path), holder=holder)
+    return array
 
 
-def read_idx_bytes(path: PathLike) -> bytes:
+def read_idx_bytes(path: PathLike, *, validate: bool = False) -> bytes:
     """Return the IDX bytes of ``path``, decompressed if it is gzip (for hashing a file).
 
+    Args:
+        validate: also check the header and the payload size (a truncated file then says
+            "header promises N bytes, the file holds M" rather than only failing its hash).
+
     Raises:
-        DataError: the file is missing or unreadable, or its gzip stream is corrupt.
+        DataError: the file is missing or unreadable, its gzip stream is corrupt, or (with
+            ``validate``) its layout is invalid.
     """
-    return _load(Path(path))[0]
+    data, gzipped = _load(Path(path))
+    if validate:
+        _layout(data, source=str(path), holder="the decompressed file" if gzipped else "the file")
+    return data
 
 
 def write_idx(path: PathLike, array: np.ndarray, *, compress: bool = False) -> Path:
@@ -128,6 +137,14 @@ def _load(path: Path) -> tuple[bytes, bool]:
 
 
 def _parse(data: bytes, *, source: str, holder: str) -> np.ndarray:
+    dtype, dims, count, offset = _layout(data, source=source, holder=holder)
+    flat = np.frombuffer(data, dtype=dtype, count=count, offset=offset)
+    # astype copies: native byte order for fast arithmetic, and writable (frombuffer is read-only)
+    return flat.astype(dtype.newbyteorder("="), copy=True).reshape(dims)
+
+
+def _layout(data: bytes, *, source: str, holder: str) -> tuple[np.dtype, tuple[int, ...], int, int]:
+    """Validate header and payload size; return (dtype, dims, element count, payload offset)."""
     dtype, dims = _parse_header(data, source=source, holder=holder)
     offset = 4 + 4 * len(dims)
     count = int(np.prod(dims, dtype=object))  # python ints: no overflow on a corrupt header
@@ -139,9 +156,7 @@ def _parse(data: bytes, *, source: str, holder: str) -> np.ndarray:
             f"{source}: {what}: header promises {expected} data bytes ({described}) "
             f"but {holder} holds {actual}; {_FIX}"
         )
-    flat = np.frombuffer(data, dtype=dtype, count=count, offset=offset)
-    # astype copies: native byte order for fast arithmetic, and writable (frombuffer is read-only)
-    return flat.astype(dtype.newbyteorder("="), copy=True).reshape(dims)
+    return dtype, dims, count, offset
 
 
 def _parse_header(data: bytes, *, source: str, holder: str) -> tuple[np.dtype, tuple[int, ...]]:
@@ -197,14 +212,4 @@ def _check_writable_shape(shape: tuple[int, ...], path: Path) -> None:
 
 
 def _atomic_write(path: Path, payload: bytes) -> None:
-    # the temp file lives in the same folder so os.replace is a rename, atomic on one filesystem
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as out:
-            out.write(payload)
-            out.flush()
-            os.fsync(out.fileno())  # durable before it takes the real name
-        os.chmod(tmp, 0o644)  # mkstemp creates 0600; data files are meant to be shared
-        os.replace(tmp, path)
-    finally:
-        Path(tmp).unlink(missing_ok=True)  # gone already after a successful os.replace
+    atomic_write_bytes(path, payload)  # temp file beside it, fsync, rename, fsync the folder

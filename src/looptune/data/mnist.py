@@ -17,6 +17,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import os
+import tempfile
 import warnings
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -218,7 +219,7 @@ def download(
     if not mirrors:
         raise ConfigError("mirrors=() is empty: give at least one base URL, e.g. DEFAULT_MIRRORS.")
     folder = Path(dest).expanduser() if dest is not None else (_env_dir() or cache_dir())
-    folder.mkdir(parents=True, exist_ok=True)
+    _prepare_dest(folder)
     for name in NAMES:
         present = _resolve(folder)[0].get(name)
         if present is None or _hash_problem(present, sha256[name]) is not None:
@@ -304,7 +305,7 @@ def _refetch(path: Path) -> str:
 
 def _hash_problem(path: Path, expected: str) -> str | None:
     try:
-        _check_sha256(idx.read_idx_bytes(path), path=path, expected=expected)
+        _check_sha256(idx.read_idx_bytes(path, validate=True), path=path, expected=expected)
     except DataError as exc:
         return str(exc)
     return None
@@ -336,6 +337,18 @@ def _check_counts(split: Split, image_path: Path, n_images: int, label_path: Pat
 
 
 # --- downloading ------------------------------------------------------------------------------
+
+
+def _prepare_dest(folder: Path) -> None:
+    """Create ``folder`` and prove it writable before any download starts."""
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        fd, probe = tempfile.mkstemp(dir=folder, prefix=".looptune-probe.")
+    except OSError as exc:
+        raise DataError(f"cannot download MNIST into {folder}: {exc.strerror or exc}. Choose a "
+                        "writable folder with --data DIR (or set LOOPTUNE_DATA=DIR).") from None
+    os.close(fd)
+    os.unlink(probe)
 
 
 def _content_sha256(path: PathLike) -> str:

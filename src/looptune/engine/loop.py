@@ -107,7 +107,9 @@ class _Run:
             state.loss_host, state.losses = 0.0, torch.zeros(n_batches, device=self.device)
         compile_before = self.stepper.stats.compile_s
         self.clock.start()
-        batches = iter(source.epoch(epoch, start=state.position))
+        t0 = time.perf_counter()
+        batches = iter(source.epoch(epoch, start=state.position))  # worker start-up, epoch gather
+        state.data_wait_s += time.perf_counter() - t0
         while True:
             t0 = time.perf_counter()
             batch = next(batches, None)  # the data wait: blocked until the next batch exists

@@ -38,8 +38,9 @@ class RunOptions:
         out = []
         if not _pos_int(self.epochs):
             out.append(f"epochs={self.epochs!r} is invalid: must be an integer >= 1, e.g. --epochs 5.")
-        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:
-            out.append(f"seed={self.seed!r} is invalid: must be an integer >= 0.")
+        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or not 0 <= self.seed < 2**63:
+            out.append(f"seed={self.seed!r} is invalid: must be an integer in [0, 2**63), "
+                       "what torch.manual_seed accepts; e.g. --seed 0.")
         for name in ("eval_every", "checkpoint_every", "nonfinite_check_every"):
             value = getattr(self, name)
             if value is not None and not _pos_int(value):

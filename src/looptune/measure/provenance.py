@@ -6,7 +6,6 @@ import datetime as _dt
 import os
 import platform
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +22,7 @@ def provenance(device: torch.device) -> dict[str, Any]:
 
     return {
         "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-        "looptune": __version__, "git_sha": _git_sha(),
+        "looptune": __version__, **_git(),
         "python": platform.python_version(), "torch": torch.__version__,
         "numpy": numpy.__version__, "torchvision": _version_of("torchvision"),
         "platform": platform.platform(), "cpu": _cpu_name(), "cpu_count": os.cpu_count(),
@@ -55,13 +54,22 @@ def _device_name(device: torch.device) -> str:
     return _cpu_name()
 
 
-def _git_sha() -> str | None:
-    """The commit of the looptune source tree, when it runs from a git checkout."""
-    here = Path(__file__).resolve().parent
+def _git() -> dict[str, Any]:
+    """``git_sha`` and ``git_dirty`` of the looptune checkout this code runs from (src layout);
+    None for an installed copy, never the SHA of some repository that merely encloses it."""
+    root = Path(__file__).resolve().parents[3]  # <root>/src/looptune/measure/provenance.py
+    top = _run_git(root, "rev-parse", "--show-toplevel")
+    if top is None or Path(top).resolve() != root:
+        return {"git_sha": None, "git_dirty": None}
+    status = _run_git(root, "status", "--porcelain", "--untracked-files=no")
+    return {"git_sha": _run_git(root, "rev-parse", "HEAD"),
+            "git_dirty": None if status is None else bool(status)}
+
+
+def _run_git(folder: Path, *args: str) -> str | None:
     try:
-        out = subprocess.run(["git", "-C", str(here), "rev-parse", "HEAD"], capture_output=True,
-                             text=True, timeout=5, check=False)
+        out = subprocess.run(["git", "-C", str(folder), *args], capture_output=True, text=True,
+                             timeout=5, check=False)
     except (OSError, subprocess.SubprocessError):
         return None
-    sha = out.stdout.strip()
-    return sha if out.returncode == 0 and sha else None
+    return out.stdout.strip() if out.returncode == 0 else None

@@ -9,7 +9,7 @@ from rich.table import Table
 
 from looptune.bench.results import BenchResults
 
-__all__ = ["wide_console", "bench_rows", "bench_table", "bench_markdown", "bench_notes", "format_bytes"]
+__all__ = ["wide_console", "columns", "bench_rows", "bench_table", "bench_markdown", "bench_notes", "format_bytes"]
 
 # "loss" is the last epoch's average batch loss, as the reference prints it per epoch
 COLUMNS = ["recipe", "total s", "s/epoch", "samples/s", "speedup", "loss", "test acc",
@@ -32,14 +32,30 @@ def format_bytes(n: int | None) -> str:
     return f"{n:.1f} GiB"  # unreachable: the loop returns at GiB
 
 
+def columns(results: BenchResults) -> list[str]:
+    """:data:`COLUMNS`, plus time to target and compile time when some run has them."""
+    extra = []
+    if any(r.target_accuracy is not None for r in results.runs):
+        target = next(r.target_accuracy for r in results.runs if r.target_accuracy is not None)
+        extra.append(f"s to {100 * target:g}%")
+    if any(r.compile_s > 0 or r.compile_fallback for r in results.runs):
+        extra.append("compile s")
+    return COLUMNS + extra
+
+
 def bench_rows(results: BenchResults) -> list[list[str]]:
-    """One row of formatted cells per run, in :data:`COLUMNS` order."""
-    rows = []
+    """One row of formatted cells per run, in :func:`columns` order."""
+    rows, names = [], columns(results)
     for run, speedup in zip(results.runs, results.speedups()):
         acc = "n/a" if run.test_accuracy is None else f"{100 * run.test_accuracy:.2f}%"
-        rows.append([run.recipe, f"{run.wall_s:.2f}", f"{run.s_per_epoch:.3f}",
-                     f"{run.samples_per_s:,.0f}", f"{speedup:.2f}x", f"{run.epoch_loss[-1]:.4f}",
-                     acc, f"{100 * run.data_wait_fraction:.0f}%", format_bytes(run.peak_mem_bytes)])
+        row = [run.recipe, f"{run.wall_s:.2f}", f"{run.s_per_epoch:.3f}",
+               f"{run.samples_per_s:,.0f}", f"{speedup:.2f}x", f"{run.epoch_loss[-1]:.4f}",
+               acc, f"{100 * run.data_wait_fraction:.0f}%", format_bytes(run.peak_mem_bytes)]
+        if any(n.startswith("s to ") for n in names):
+            row.append("not reached" if run.time_to_target_s is None else f"{run.time_to_target_s:.2f}")
+        if "compile s" in names:
+            row.append("eager (failed)" if run.compile_fallback else f"{run.compile_s:.1f}")
+        rows.append(row)
     return rows
 
 
@@ -52,7 +68,7 @@ def _title(results: BenchResults) -> str:
 
 def bench_table(results: BenchResults) -> Table:
     table = Table(title=_title(results), title_justify="left")
-    for i, col in enumerate(COLUMNS):
+    for i, col in enumerate(columns(results)):
         table.add_column(col, justify="left" if i == 0 else "right")
     for row in bench_rows(results):
         table.add_row(*row)
@@ -60,8 +76,9 @@ def bench_table(results: BenchResults) -> Table:
 
 
 def bench_markdown(results: BenchResults) -> str:
-    lines = [f"_{_title(results)}_", "", "| " + " | ".join(COLUMNS) + " |",
-             "|" + "|".join(["---"] + ["---:"] * (len(COLUMNS) - 1)) + "|"]
+    names = columns(results)
+    lines = [f"_{_title(results)}_", "", "| " + " | ".join(names) + " |",
+             "|" + "|".join(["---"] + ["---:"] * (len(names) - 1)) + "|"]
     lines += ["| " + " | ".join(row) + " |" for row in bench_rows(results)]
     return "\n".join(lines) + "\n"
 
@@ -70,9 +87,12 @@ def bench_notes(results: BenchResults) -> list[str]:
     """What the table cannot say: memory kind, automatic changes with their reasons."""
     kinds = {r.peak_mem_kind for r in results.runs}
     notes = [f"peak mem: {_KIND_TEXT.get(k, k)}" for k in sorted(kinds)]
-    notes.append("loss: the last epoch's mean batch loss. data wait: share of training time the loop spent blocked on the next batch; "
-                 "total s excludes evaluation and setup.")
+    notes.append("loss: the last epoch's mean batch loss. data wait: share of training time the "
+                 "loop spent blocked on the next batch. total s excludes evaluation, setup and "
+                 "compilation.")
     for run in results.runs:
+        if run.compile_fallback:
+            notes.append(f"{run.recipe}: {run.compile_fallback}")
         notes += [f"{run.recipe}: {d['name']}={d['value']!r}: {d['reason']}" for d in run.decisions]
     return notes
 
