@@ -114,6 +114,9 @@ class StepConfig:
         if self.cuda_graphs and self.accumulate > 1:
             out.append(f"cuda_graphs=True with accumulate={self.accumulate}: a captured step is "
                        "one whole optimizer step. Use accumulate=1 or cuda_graphs=False.")
+        if self.cuda_graphs and self.precision == "fp16":
+            out.append("cuda_graphs=True with precision='fp16': the GradScaler's inf check syncs "
+                       "the host, which a captured graph cannot do. Use precision='bf16'.")
         if self.cuda_graphs and self.compile != "off":
             out.append(f"cuda_graphs=True with compile={self.compile!r}: pick one; "
                        "compile='reduce-overhead' already uses CUDA graphs.")
