@@ -18,6 +18,7 @@ from looptune.engine.loop import Progress, RunOptions
 from looptune.engine.loop import train as run_loop
 from looptune.errors import ConfigError
 from looptune.measure.results import RunResult
+from looptune.measure.timing import sync
 from looptune.presets import get_recipe
 from looptune.recipe import Recipe
 from looptune.resolve import resolve
@@ -71,6 +72,7 @@ def train(model: torch.nn.Module, train_data: Dataset | DataLoader | ImageData, 
     resolved, decisions = resolve(recipe, dev.type)
     t0 = time.perf_counter()
     source = _source(train_data, resolved, dev, seed)
+    sync(dev)  # sync: the dataset copy to the device belongs to setup, not to epoch 1
     setup_s = time.perf_counter() - t0
     model.to(dev)
     score = None if eval_data is None else _evaluator(eval_data, metric, dev)

@@ -57,14 +57,19 @@ def test_bf16_autocast_trains_on_cpu():
     assert any(not torch.equal(a, b) for a, b in zip(before, model.parameters()))
 
 
-def test_fp16_scaler_counts_skips_and_stops_after_k_in_a_row():
+def _fp16_stepper_with_switchable_overflow():
+    """An fp16 stepper whose loss becomes inf (so its grads overflow) while ``poisoned["on"]``."""
     poisoned = {"on": False}
 
     def loss_fn(out, y):
         loss = torch.nn.functional.cross_entropy(out, y)
         return loss * float("inf") if poisoned["on"] else loss
 
-    step = _stepper(_model(), StepConfig(precision="fp16", max_consecutive_skips=3), loss_fn)
+    return _stepper(_model(), StepConfig(precision="fp16", max_consecutive_skips=3), loss_fn), poisoned
+
+
+def test_fp16_scaler_counts_skips_and_stops_after_k_in_a_row():
+    step, poisoned = _fp16_stepper_with_switchable_overflow()
     x, y = _data()
     step(x, y)
     assert int(step.stats.skipped_steps) == 0
@@ -79,13 +84,7 @@ def test_fp16_scaler_counts_skips_and_stops_after_k_in_a_row():
 
 
 def test_fp16_skip_streak_resets_on_a_good_step():
-    poisoned = {"on": True}
-
-    def loss_fn(out, y):
-        loss = torch.nn.functional.cross_entropy(out, y)
-        return loss * float("inf") if poisoned["on"] else loss
-
-    step = _stepper(_model(), StepConfig(precision="fp16", max_consecutive_skips=3), loss_fn)
+    step, poisoned = _fp16_stepper_with_switchable_overflow()
     x, y = _data()
     for i in range(8):
         poisoned["on"] = i % 2 == 0  # never two skips in a row

@@ -63,6 +63,7 @@ def run_recipe(workload: Workload, recipe: Recipe, *, train_data: ImageData,
     model = workload.build_model().to(device)
     t0 = time.perf_counter()
     source = loaders.make(resolved.loader, train_data, device=device, seed=options.seed)
+    sync(device)  # sync: the dataset copy to the device belongs to setup, not to epoch 1
     setup_s = time.perf_counter() - t0
     score = None if test_data is None else (lambda m: evaluate(m, test_data, device))
     result = train(model=model, source=source, recipe=resolved, loss_fn=workload.loss_fn,
