@@ -9,6 +9,7 @@ from collections.abc import Sequence
 from looptune import __version__
 from looptune.cli import bench as bench_cmd
 from looptune.cli import data as data_cmd
+from looptune.cli import diagnose as diagnose_cmd
 from looptune.engine.run_state import Interrupted
 from looptune.errors import LooptuneError
 
@@ -25,6 +26,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     bench_cmd.add_parser(sub)
     data_cmd.add_parser(sub)
+    diagnose_cmd.add_parser(sub)
     return parser
 
 

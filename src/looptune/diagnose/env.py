@@ -1,0 +1,74 @@
+"""Facts about the machine the diagnosis needs: matmul rate, memory limits, /dev/shm, TF32."""
+
+from __future__ import annotations
+
+import functools
+import os
+import time
+
+import torch
+
+from looptune.diagnose.model import Environment
+from looptune.measure.timing import sync
+
+__all__ = ["environment", "matmul_rate", "memory_limit", "alloc_retries"]
+
+
+@functools.lru_cache(maxsize=4)
+def matmul_rate(device: torch.device, n: int = 1024, reps: int = 5) -> float:
+    """FLOP/s of an n x n fp32 matmul on ``device``, measured (best of ``reps``, after a warm-up).
+
+    The yardstick for "compute" vs "overhead": a step whose FLOPs run far below this rate spends
+    its time on something other than arithmetic.
+    """
+    a = torch.randn(n, n, device=device)
+    b = torch.randn(n, n, device=device)
+    a @ b  # warm-up: library initialization, not arithmetic
+    best = float("inf")
+    for _ in range(reps):
+        sync(device)
+        t0 = time.perf_counter()
+        a @ b
+        sync(device)  # sync: the matmul must finish before the clock is read
+        best = min(best, time.perf_counter() - t0)
+    return 2 * n**3 / best
+
+
+def memory_limit(device: torch.device) -> int | None:
+    if device.type == "cuda":
+        return torch.cuda.get_device_properties(device).total_memory
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def alloc_retries(device: torch.device) -> int:
+    if device.type != "cuda":
+        return 0
+    return int(torch.cuda.memory_stats(device).get("num_alloc_retries", 0))
+
+
+def environment(device: torch.device) -> Environment:
+    cuda = device.type == "cuda"
+    name = torch.cuda.get_device_name(device) if cuda else _cpu_name()
+    major = torch.cuda.get_device_capability(device)[0] if cuda else None
+    return Environment(
+        cpu_count=os.cpu_count() or 1, device_type=device.type, device_name=name,
+        device_total_bytes=memory_limit(device) if cuda else None, shm_bytes=_shm_bytes(),
+        tf32_supported=None if major is None else major >= 8,
+        tf32_enabled=torch.backends.cuda.matmul.allow_tf32 if cuda else None)
+
+
+def _shm_bytes() -> int | None:
+    try:
+        st = os.statvfs("/dev/shm")
+    except OSError:
+        return None
+    return st.f_frsize * st.f_blocks
+
+
+def _cpu_name() -> str:
+    from looptune.measure.provenance import _cpu_name as name
+
+    return name()

@@ -1,0 +1,111 @@
+"""Pre-flight findings: settings and environment facts worth a word, each with its numbers and fix."""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING
+
+from looptune.diagnose.model import Finding, LoaderInfo, Measurements
+
+if TYPE_CHECKING:
+    from looptune.diagnose.verdict import _Profile
+
+__all__ = ["findings"]
+
+REMEDY_SHARE = 0.10  # a data-wait or copy share worth a remedy
+
+SHM_FRACTION = 0.5  # in-flight batches above half of /dev/shm: a second loader or a spike fills it
+TINY_BATCH = 64  # below this the fixed per-step cost is paid for very few samples
+
+def findings(m: Measurements, p: _Profile, bottleneck: str) -> list[Finding]:
+    out: list[Finding] = []
+    for i, ld in enumerate(m.loaders):
+        label = f"loader {i} ({ld.dataset})"
+        out += _workers_finding(m, ld, label) + _shm_finding(m, ld, label)
+        out += _pin_finding(p, ld, label)
+        if bottleneck == "overhead":  # on a compute-bound step a small batch is a modelling choice
+            out += _tiny_batch_finding(m, p, ld, label)
+    return out + _tf32_finding(m, p) + _pageable_finding(p)
+
+
+def _workers_finding(m: Measurements, ld: LoaderInfo, label: str) -> list[Finding]:
+    if m.env is None or m.env.cpu_count < 1 or ld.num_workers < m.env.cpu_count:
+        return []
+    n, w = m.env.cpu_count, ld.num_workers
+    return [Finding(name="workers_vs_cores", severity="warning", message=(
+        f"{label}: num_workers={w} on {n} CPU cores: {w} workers + the main process compete with "
+        f"the training step itself. Use num_workers={max(0, n - 1)} (cpu_count - 1), or 0 with "
+        "a pre-decoded dataset."))]
+
+
+def _shm_finding(m: Measurements, ld: LoaderInfo, label: str) -> list[Finding]:
+    shm = m.env.shm_bytes if m.env else None
+    if not (shm and ld.batch_bytes and ld.num_workers > 0):
+        return []
+    prefetch = ld.prefetch_factor or 2  # torch's default with workers
+    needed = ld.batch_bytes * ld.num_workers * prefetch
+    if needed <= SHM_FRACTION * shm:
+        return []
+    return [Finding(name="shm", severity="warning", message=(
+        f"{label}: up to {_mib(needed)} of batches in flight ({_mib(ld.batch_bytes)} x "
+        f"{ld.num_workers} workers x prefetch_factor {prefetch}) vs /dev/shm of {_mib(shm)} "
+        f"(> {SHM_FRACTION:.0%}); workers hand batches over through /dev/shm and die with a bus "
+        f"error when it fills. Docker's default is 64 MiB: run with "
+        f"--shm-size={math.ceil(2 * needed / 2**30)}g, or lower num_workers / prefetch_factor."))]
+
+
+def _pin_finding(p: _Profile, ld: LoaderInfo, label: str) -> list[Finding]:
+    if not ld.pin_memory or p.on_cuda:
+        return []
+    size = f" ({_mib(ld.batch_bytes)} per batch)" if ld.batch_bytes else ""
+    return [Finding(name="pin_without_gpu", severity="info", message=(
+        f"{label}: pin_memory=True but the step runs on the CPU: pinning only speeds host-to-GPU "
+        f"copies; here it costs an extra copy of every batch{size}. Set pin_memory=False."))]
+
+
+def _tiny_batch_finding(m: Measurements, p: _Profile, ld: LoaderInfo, label: str) -> list[Finding]:
+    if ld.batch_size is None or ld.batch_size >= TINY_BATCH:
+        return []
+    b = ld.batch_size
+    return [Finding(name="tiny_batch", severity="info", message=(
+        f"{label}: batch_size={b} on an overhead-bound step ({_overhead_share(m, p):.1%} of it is "
+        f"fixed per-step cost, paid every {b} samples). Try batch_size={4 * b} and scale the "
+        "learning rate with it."))]
+
+
+def _tf32_finding(m: Measurements, p: _Profile) -> list[Finding]:
+    env = m.env
+    if not (p.on_cuda and env and env.tf32_supported and env.tf32_enabled is False):
+        return []
+    return [Finding(name="tf32_off", severity="warning", message=(
+        f"TF32 is off on {env.device_name}, which has it: fp32 matmuls run at the full-fp32 rate "
+        f"(compute is {p.shares['compute']:.1%} of the step). Set torch.backends.cuda.matmul."
+        "allow_tf32 = True or torch.set_float32_matmul_precision(\"high\")."))]
+
+
+def _pageable_finding(p: _Profile) -> list[Finding]:
+    h = p.shares["host_to_device"]
+    if not (p.on_cuda and p.pageable_bytes_per_step > 0 and h >= REMEDY_SHARE):
+        return []
+    return [Finding(name="pageable_h2d", severity="warning", message=(
+        f"{_mib(p.pageable_bytes_per_step)} per step is copied to the GPU from pageable memory and "
+        f"copies take {h:.1%} of the step: pageable copies go through a staging buffer and block "
+        "the host. Use DataLoader(pin_memory=True) and .to(device, non_blocking=True)."))]
+
+
+def _mib(n: float | None) -> str:
+    return f"{(n or 0) / 2**20:.1f} MiB"
+
+
+def _gib(n: float | None) -> str:
+    return f"{(n or 0) / 2**30:.2f} GiB"
+
+
+def _overhead_share(m: Measurements, p: _Profile) -> float:
+    """Share of the step that is fixed per-step cost: busy time the arithmetic doesn't need."""
+    sh = p.shares
+    busy_s = p.phase_s["compute"] + p.phase_s["sync"] + p.phase_s["other"]
+    if m.flops_per_step and m.matmul_flops_per_s and busy_s > 0:
+        needed_s = m.flops_per_step / m.matmul_flops_per_s
+        return (sh["compute"] + sh["sync"] + sh["other"]) * max(0.0, 1.0 - needed_s / busy_s)
+    return sh["sync"] + sh["other"]

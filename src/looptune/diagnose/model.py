@@ -1,0 +1,97 @@
+"""The data diagnose works on: what the probes measured (Measurements) and what the rules
+concluded (Verdict). Pure data, JSON-ready, no torch; units in the field names."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+__all__ = ["Bottleneck", "Phase", "StepSample", "LoaderInfo", "Environment", "Measurements",
+           "Finding", "Remedy", "Verdict", "PHASES"]
+
+Bottleneck = Literal["data_loading", "host_to_device", "overhead", "compute", "memory"]
+# the phases one step's wall time is split into (they sum to the step time)
+Phase = Literal["data_wait", "host_to_device", "sync", "compute", "other"]
+PHASES: tuple[str, ...] = ("data_wait", "host_to_device", "sync", "compute", "other")
+
+
+@dataclass(frozen=True, kw_only=True)
+class StepSample:
+    """One optimizer step, from the end of the previous step to the end of this one."""
+
+    step_s: float  # wall time of the whole interval
+    data_wait_s: float = 0.0  # blocked in next() on a DataLoader (or the script's batch iterator)
+    h2d_s: float = 0.0  # host time inside host-to-device copies (.to/.cuda to a GPU)
+    h2d_bytes: int = 0  # bytes copied host -> device
+    h2d_pageable_bytes: int = 0  # of those, from pageable (not pinned) host memory
+    sync_s: float = 0.0  # host time blocked in syncs (.item(), .cpu(), .tolist(), printing tensors)
+    syncs: int = 0  # number of such calls
+    device_busy_s: float | None = None  # CUDA: GPU time between the step's events; None on CPU
+
+
+@dataclass(frozen=True, kw_only=True)
+class LoaderInfo:
+    """The settings of one DataLoader the script iterated."""
+
+    batch_size: int | None
+    num_workers: int
+    pin_memory: bool
+    prefetch_factor: int | None
+    persistent_workers: bool
+    dataset: str  # type name of the dataset
+    batch_bytes: int | None = None  # bytes of one collated batch (tensors only), if seen
+
+
+@dataclass(frozen=True, kw_only=True)
+class Environment:
+    cpu_count: int
+    device_type: str  # "cpu" or "cuda"
+    device_name: str
+    device_total_bytes: int | None = None  # GPU memory; None on CPU
+    shm_bytes: int | None = None  # size of /dev/shm (DataLoader workers pass batches through it)
+    tf32_supported: bool | None = None  # GPU has TF32 (compute capability >= 8.0)
+    tf32_enabled: bool | None = None  # torch.backends.cuda.matmul.allow_tf32 / precision "high"
+
+
+@dataclass(frozen=True, kw_only=True)
+class Measurements:
+    """Everything the probes measured over the measured (post-warm-up) steps."""
+
+    steps: list[StepSample]
+    warmup_steps: int
+    loaders: list[LoaderInfo] = field(default_factory=list)
+    flops_per_step: float | None = None  # FlopCounterMode count of one training step
+    matmul_flops_per_s: float | None = None  # measured rate of a large matmul on this device
+    peak_mem_bytes: int | None = None
+    mem_limit_bytes: int | None = None  # device memory (CUDA) or physical RAM (CPU)
+    alloc_retries: int = 0  # CUDA caching-allocator retries (cudaMalloc failed, cache flushed)
+    oom: bool = False  # an out-of-memory error stopped the script
+    env: Environment | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class Finding:
+    """A pre-flight observation about the environment or settings."""
+
+    name: str  # e.g. "workers_vs_cores"
+    severity: Literal["info", "warning"]
+    message: str  # the observation with its numbers and what to do
+
+
+@dataclass(frozen=True, kw_only=True)
+class Remedy:
+    action: str  # the exact knob and value, e.g. "DataLoader(num_workers=2, persistent_workers=True)"
+    expected_speedup: float  # upper bound on the whole-step speedup, from the measured shares
+    reason: str  # the numbers it is derived from
+    kind: str = ""  # machine-readable tag, e.g. "loader", "sync", "batch", "precision"
+
+
+@dataclass(frozen=True, kw_only=True)
+class Verdict:
+    bottleneck: Bottleneck
+    shares: dict[str, float]  # per phase (PHASES), summing to 1 within rounding
+    step_ms: float  # median step time
+    phase_ms: dict[str, float]  # median ms per phase
+    evidence: dict[str, Any]  # the numbers behind the verdict
+    findings: list[Finding]
+    remedies: list[Remedy]  # ranked, largest expected speedup first

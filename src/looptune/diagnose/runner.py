@@ -1,0 +1,366 @@
+"""Run a user's training script unchanged, with probes, and diagnose it.
+
+The script runs in this process, as ``python script.py args`` would (``__main__``, ``sys.argv``,
+its folder first on ``sys.path``), until ``warmup + steps`` optimizer steps (or ``seconds``) have
+been seen; then a ``StopScript`` raised from the step hook ends it. ``sys.argv``, ``sys.path``
+and every patched function are restored whatever the script does.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import runpy
+import sys
+import time
+import traceback
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from looptune.diagnose import env as env_probe
+from looptune.diagnose.model import Measurements
+from looptune.diagnose.result import Diagnosis
+from looptune.diagnose.verdict import analyze
+from looptune.errors import ConfigError, MeasurementError
+from looptune.measure.memory import PeakMemory
+from looptune.measure.probes import StepProbes, StopScript
+from looptune.measure.provenance import provenance
+
+__all__ = ["diagnose", "watch", "check_target"]
+
+TRACE_STEPS = 3  # steps inside the torch.profiler window (excluded from the measurement)
+
+
+def check_target(target: str | Callable, *, module: bool, steps: int, warmup: int,
+                 seconds: float | None) -> list[str]:
+    """Every problem with these arguments, before anything runs."""
+    problems = []
+    if module:
+        import importlib.util
+
+        if not isinstance(target, str) or importlib.util.find_spec(target) is None:
+            problems.append(f"-m {target!r}: no such module on sys.path. Check the name, or run "
+                            "from the folder that holds it.")
+    elif not callable(target) and not Path(target).is_file():
+        problems.append(f"script {str(target)!r} does not exist or is not a file. Give the path "
+                        "of the training script, e.g. looptune diagnose train.py.")
+    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
+        problems.append(f"steps={steps!r} is invalid: must be an integer >= 1, e.g. --steps 50.")
+    if isinstance(warmup, bool) or not isinstance(warmup, int) or warmup < 0:
+        problems.append(f"warmup={warmup!r} is invalid: must be an integer >= 0, e.g. --warmup 5.")
+    if seconds is not None and not (isinstance(seconds, (int, float)) and seconds > 0):
+        problems.append(f"seconds={seconds!r} is invalid: must be > 0, e.g. --seconds 30.")
+    return problems
+
+
+@dataclass
+class _Schedule:
+    """Decides, at each step boundary, what the next steps are for: warm-up, FLOP count,
+    profiler trace, measurement; and stops the script when enough was measured."""
+
+    warmup: int
+    steps: int
+    seconds: float | None
+    trace_dir: Path | None
+    device: torch.device
+    flops: float | None = None
+    first_measured: int | None = None  # 0-based index of the first measured sample
+    stopped: str = "script_ended"
+    trace: dict[str, Any] | None = None
+    memory: PeakMemory | None = None
+    _flop_mode: Any = None
+    _profiler: Any = None
+    _t_measure: float = 0.0
+    _exit_stack: list[Callable[[], None]] = field(default_factory=list)
+
+    def on_step(self, n: int) -> None:
+        w = self.warmup
+        if n == w:  # the next step runs under FlopCounterMode (slower: not measured)
+            self._start_flops()
+        elif n == w + 1:
+            self._stop_flops()
+            self._start_trace()
+        if n == w + 1 + self._trace_steps():
+            self._stop_trace()
+            self.first_measured, self._t_measure = n, time.perf_counter()
+            self.memory = PeakMemory(self.device)
+            self.memory.start()
+        self._maybe_stop(n)
+
+    def _trace_steps(self) -> int:
+        return TRACE_STEPS if self.trace_dir is not None else 0
+
+    def _maybe_stop(self, n: int) -> None:
+        if self.first_measured is None:
+            return
+        if n - self.first_measured >= self.steps:
+            self.stopped = "steps"
+            raise StopScript
+        if self.seconds is not None and time.perf_counter() - self._t_measure >= self.seconds:
+            self.stopped = "seconds"
+            raise StopScript
+
+    def _start_flops(self) -> None:
+        from torch.utils.flop_counter import FlopCounterMode
+
+        self._flop_mode = FlopCounterMode(display=False)
+        self._flop_mode.__enter__()
+
+    def _stop_flops(self) -> None:
+        if self._flop_mode is not None:
+            self._flop_mode.__exit__(None, None, None)
+            self.flops = float(self._flop_mode.get_total_flops()) or None
+            self._flop_mode = None
+
+    def _start_trace(self) -> None:
+        if self.trace_dir is None:
+            return
+        from torch.profiler import ProfilerActivity, profile
+
+        activities = [ProfilerActivity.CPU]
+        if self.device.type == "cuda":
+            activities.append(ProfilerActivity.CUDA)
+        self._profiler = profile(activities=activities, record_shapes=True)
+        self._profiler.start()
+
+    def _stop_trace(self) -> None:
+        if self._profiler is None:
+            return
+        self._profiler.stop()
+        self.trace_dir.mkdir(parents=True, exist_ok=True)
+        path = self.trace_dir / "trace.json"
+        self._profiler.export_chrome_trace(str(path))
+        key = "self_cuda_time_total" if self.device.type == "cuda" else "self_cpu_time_total"
+        table = self._profiler.key_averages().table(sort_by=key, row_limit=15)
+        self.trace = {"chrome_trace": str(path), "steps": TRACE_STEPS, "top_ops": table,
+                      "open_with": "https://ui.perfetto.dev or chrome://tracing"}
+        self._profiler = None
+
+    def close(self) -> None:
+        """Leave no FlopCounterMode or profiler running if the script ended inside a window."""
+        self._stop_flops()
+        if self._profiler is not None:
+            self._profiler.stop()
+            self._profiler = None
+
+
+@contextlib.contextmanager
+def _script_env(target: str | Callable, args: Sequence[str], module: bool) -> Iterator[Callable]:
+    saved_argv, saved_path = sys.argv[:], sys.path[:]
+    try:
+        if callable(target):
+            sys.argv = [getattr(target, "__name__", "<callable>"), *args]
+            yield target
+        elif module:
+            sys.argv = [target, *args]
+            sys.path.insert(0, os.getcwd())  # as `python -m` does
+            yield lambda: runpy.run_module(target, run_name="__main__", alter_sys=True)
+        else:
+            path = str(Path(target).resolve())
+            sys.argv = [str(target), *args]
+            sys.path.insert(0, str(Path(path).parent))  # as `python script.py` does
+            yield lambda: runpy.run_path(path, run_name="__main__")
+    finally:
+        sys.argv[:] = saved_argv
+        sys.path[:] = saved_path
+
+
+@dataclass
+class _Run:
+    measurements: Measurements
+    stopped: str
+    error: str | None
+    step_s: list[float]
+    peak_kind: str
+    trace: dict[str, Any] | None
+    total_steps: int
+
+
+def _run_once(target, args, *, module, steps, warmup, seconds, trace_dir,
+              loader_overrides: dict[str, Any] | None = None) -> _Run:
+    device = torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
+    schedule = _Schedule(warmup, steps, seconds, trace_dir, device)
+    probes = StepProbes(on_step=schedule.on_step)
+    error, oom = None, False
+    with _script_env(target, args, module) as run, probes, _loader_overrides(loader_overrides):
+        try:
+            run()
+        except StopScript:
+            pass
+        except SystemExit as exc:
+            schedule.stopped = "script_ended" if exc.code in (0, None) else f"exit {exc.code}"
+        except Exception as exc:  # the user's script failed: report it with what was measured
+            oom = isinstance(exc, torch.OutOfMemoryError)
+            schedule.stopped = "error"
+            error = "".join(traceback.format_exception_only(type(exc), exc)).strip()
+        finally:
+            schedule.close()
+    return _collect(schedule, probes, error=error, oom=oom, device=device)
+
+
+def _collect(schedule: _Schedule, probes: StepProbes, *, error, oom, device) -> _Run:
+    samples = probes.samples
+    if not samples:
+        raise MeasurementError(
+            "the script never called optimizer.step(): diagnose finds step boundaries through "
+            "torch.optim optimizers. Make sure the script trains with one, and that it reaches "
+            "the training loop with the arguments given" + (f" (it raised: {error})" if error else "."))
+    measured = _measured(samples, schedule)
+    mem = schedule.memory.read() if schedule.memory else PeakMemory(device).read()
+    measurements = Measurements(
+        steps=measured, warmup_steps=schedule.warmup, loaders=list(probes.loaders.values()),
+        flops_per_step=schedule.flops, matmul_flops_per_s=env_probe.matmul_rate(device),
+        peak_mem_bytes=mem.peak_bytes, mem_limit_bytes=env_probe.memory_limit(device),
+        alloc_retries=env_probe.alloc_retries(device), oom=oom, env=env_probe.environment(device))
+    return _Run(measurements, schedule.stopped, error, [s.step_s for s in measured], mem.kind,
+                schedule.trace, len(samples))
+
+
+def _measured(samples: list, schedule: _Schedule) -> list:
+    """The measured samples; if the script ended early, the best the run allows."""
+    if schedule.first_measured is not None and len(samples) > schedule.first_measured:
+        return samples[schedule.first_measured:]
+    after_warmup = samples[schedule.warmup + 1:]  # skip warm-up and the FLOP-counted step
+    return after_warmup or samples[1:] or samples
+
+
+@contextlib.contextmanager
+def _loader_overrides(overrides: dict[str, Any] | None) -> Iterator[None]:
+    """--verify: construct every DataLoader with these keyword arguments instead."""
+    if not overrides:
+        yield
+        return
+    from torch.utils.data import DataLoader
+
+    original = DataLoader.__init__
+
+    def patched(self, *args, **kwargs):
+        kwargs.update(overrides)
+        if kwargs.get("num_workers", 0) == 0:  # these need workers; DataLoader would refuse
+            kwargs.pop("prefetch_factor", None)
+            kwargs["persistent_workers"] = False
+        original(self, *args, **kwargs)
+
+    DataLoader.__init__ = patched
+    try:
+        yield
+    finally:
+        DataLoader.__init__ = original
+
+
+def diagnose(target: str | Callable, args: Sequence[str] = (), *, module: bool = False,
+             steps: int = 50, warmup: int = 5, seconds: float | None = None,
+             trace_dir: str | os.PathLike | None = None, verify: bool = False) -> Diagnosis:
+    """Run a training script (or callable) unchanged and say where each step's time goes.
+
+    Args:
+        target: a script path, a module name with ``module=True``, or a callable.
+        args: the script's command-line arguments (``sys.argv[1:]``).
+        steps: optimizer steps to measure after warm-up (fewer if the script ends first).
+        warmup: optimizer steps skipped before measuring (start-up, first-call costs).
+        seconds: stop measuring after this long instead, if reached before ``steps``.
+        trace_dir: also record a torch.profiler trace of a few steps there (Chrome/Perfetto).
+        verify: rerun with the top DataLoader remedy applied and measure before -> after.
+
+    Returns:
+        A frozen :class:`Diagnosis`: bottleneck, shares, ranked remedies, findings, evidence.
+
+    Raises:
+        ConfigError: bad arguments (before anything runs).
+        MeasurementError: the script never reached an optimizer step.
+
+    Example:
+        >>> d = looptune.diagnose("train.py", ["--epochs", "1"], steps=30)  # doctest: +SKIP
+        >>> d.bottleneck, d.remedies[0].action
+    """
+    problems = check_target(target, module=module, steps=steps, warmup=warmup, seconds=seconds)
+    if problems:
+        raise ConfigError(problems)
+    trace_path = None if trace_dir is None else Path(trace_dir)
+    run = _run_once(target, args, module=module, steps=steps, warmup=warmup, seconds=seconds,
+                    trace_dir=trace_path)
+    verdict = analyze(run.measurements)
+    checked = _verify(target, args, module, steps, warmup, seconds, verdict, run) if verify else None
+    return _diagnosis(target, args, module, steps, run, verdict, checked)
+
+
+def _verify(target, args, module, steps, warmup, seconds, verdict, before: _Run) -> dict[str, Any]:
+    remedy = next((r for r in verdict.remedies if r.kind == "loader"
+                   and r.action.startswith("DataLoader(")), None)
+    if remedy is None:
+        return {"remedy": None, "reason": "no DataLoader remedy to apply; nothing was rerun"}
+    overrides = parse_loader_action(remedy.action)
+    after = _run_once(target, args, module=module, steps=steps, warmup=warmup, seconds=seconds,
+                      trace_dir=None, loader_overrides=overrides)
+    after_ms = 1000 * _median(after.step_s)
+    return {"remedy": remedy.action, "overrides": overrides, "before_step_ms": verdict.step_ms,
+            "after_step_ms": after_ms, "speedup": verdict.step_ms / after_ms,
+            "expected_speedup": remedy.expected_speedup, "after_steps_measured": len(after.step_s)}
+
+
+def parse_loader_action(action: str) -> dict[str, Any]:
+    """``"DataLoader(num_workers=1, persistent_workers=True)"`` -> the keyword arguments."""
+    import ast
+
+    call = ast.parse(action.strip(), mode="eval").body
+    if not isinstance(call, ast.Call):
+        raise ConfigError(f"cannot apply remedy {action!r}: not a DataLoader(...) call")
+    return {kw.arg: ast.literal_eval(kw.value) for kw in call.keywords if kw.arg}
+
+
+def _median(values: list[float]) -> float:
+    ordered = sorted(values)
+    mid = len(ordered) // 2
+    return ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2
+
+
+def _diagnosis(target, args, module, steps, run: _Run, verdict, checked) -> Diagnosis:
+    m = run.measurements
+    name = f"-m {target}" if module else getattr(target, "__name__", str(target))
+    device = torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
+    return Diagnosis(
+        bottleneck=verdict.bottleneck, shares=verdict.shares, step_ms=verdict.step_ms,
+        phase_ms=verdict.phase_ms, steps_measured=len(m.steps), steps_requested=steps,
+        warmup_steps=m.warmup_steps, evidence=verdict.evidence, findings=verdict.findings,
+        remedies=verdict.remedies, loaders=m.loaders, step_s=run.step_s,
+        peak_mem_bytes=m.peak_mem_bytes, peak_mem_kind=run.peak_kind,
+        script=" ".join([name, *args]), stopped=run.stopped, error=run.error, verify=checked,
+        trace=run.trace, provenance=provenance(device))
+
+
+class watch:
+    """Diagnose the training code run inside ``with`` (e.g. in a notebook).
+
+    Example:
+        >>> with looptune.watch(warmup=3) as w:   # doctest: +SKIP
+        ...     train_one_epoch(model, loader)
+        >>> w.diagnosis.bottleneck
+    """
+
+    def __init__(self, *, warmup: int = 5, steps: int | None = None) -> None:
+        problems = check_target(lambda: None, module=False, steps=steps or 1, warmup=warmup,
+                                seconds=None)
+        if problems:
+            raise ConfigError(problems)
+        self.warmup, self.steps = warmup, steps
+        self.diagnosis: Diagnosis | None = None
+
+    def __enter__(self) -> watch:
+        device = torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
+        self._schedule = _Schedule(self.warmup, self.steps or 10**12, None, None, device)
+        self._probes = StepProbes(on_step=self._schedule.on_step).__enter__()
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> bool:
+        self._probes.__exit__(exc_type, exc, tb)
+        self._schedule.close()
+        swallowed = exc_type is StopScript  # the step limit ended the block: not an error
+        error = None if exc is None or swallowed else f"{exc_type.__name__}: {exc}"
+        device = self._schedule.device
+        run = _collect(self._schedule, self._probes, error=error, oom=False, device=device)
+        self.diagnosis = _diagnosis("watch", (), False, len(run.step_s), run, analyze(run.measurements), None)
+        return swallowed

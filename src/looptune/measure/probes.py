@@ -1,0 +1,201 @@
+"""Low-overhead probes that time each training step of code looptune did not write.
+
+Installed for the duration of a ``with StepProbes(...)`` block and removed after (every patched
+attribute restored), they record, per optimizer step (from the end of one ``optimizer.step()``
+to the end of the next):
+
+* data wait: time inside ``next()`` on any DataLoader iterator (and the settings of each loader);
+* host-to-device copies: time, bytes, pinned or pageable (``Tensor.to``/``.cuda`` to a GPU);
+* host syncs: ``.item()``, ``.tolist()``, ``.cpu()``, ``.numpy()`` and printing tensors;
+* step boundaries: a global optimizer step post-hook (torch's own hook API, no patching).
+
+Each probe costs a ``perf_counter`` pair and a Python call (~1 us), far below a step's time.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch.optim.optimizer import register_optimizer_step_post_hook
+from torch.utils.data import DataLoader
+from torch.utils.data.dataloader import _BaseDataLoaderIter
+
+from looptune.diagnose.model import LoaderInfo, StepSample
+
+__all__ = ["StepProbes", "StopScript"]
+
+_SYNC_METHODS = ("item", "tolist", "cpu", "numpy", "__repr__", "__format__")
+
+
+class StopScript(BaseException):
+    """Raised from a step hook to end the script once enough steps were measured.
+
+    A BaseException, so a script's ``except Exception`` does not swallow it.
+    """
+
+
+class StepProbes:
+    """Per-step phase probes. ``on_step(n)`` runs after the n-th optimizer step (1-based)."""
+
+    def __init__(self, *, on_step: Callable[[int], None] | None = None) -> None:
+        self.on_step = on_step
+        self.samples: list[StepSample] = []
+        self.loaders: dict[int, LoaderInfo] = {}
+        self.steps = 0
+        self._restore: list[Callable[[], None]] = []
+        self._in_sync = False
+        self._reset(time.perf_counter())
+
+    # -- lifecycle -------------------------------------------------------------------------
+    def __enter__(self) -> StepProbes:
+        self._reset(time.perf_counter())
+        handle = register_optimizer_step_post_hook(self._step_hook)
+        self._restore.append(handle.remove)
+        self._patch(_BaseDataLoaderIter, "__next__", self._timed_next)
+        self._patch(DataLoader, "__iter__", self._recorded_iter)
+        for name in _SYNC_METHODS:
+            self._patch(torch.Tensor, name, self._sync_probe(name))
+        if torch.cuda.is_available():  # host-to-device copies only exist with a GPU
+            self._patch(torch.Tensor, "to", self._h2d_probe("to"))
+            self._patch(torch.Tensor, "cuda", self._h2d_probe("cuda"))
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        while self._restore:
+            self._restore.pop()()
+
+    def _patch(self, owner: type, name: str, make: Callable[[Callable], Callable]) -> None:
+        had_own = name in owner.__dict__
+        original = owner.__dict__.get(name) if had_own else getattr(owner, name)
+        setattr(owner, name, make(getattr(owner, name)))
+
+        def restore() -> None:
+            if had_own:
+                setattr(owner, name, original)
+            else:
+                delattr(owner, name)  # the method lives on a base class (e.g. TensorBase)
+
+        self._restore.append(restore)
+
+    def _reset(self, now: float) -> None:
+        self._t_last, self._wait, self._h2d, self._h2d_bytes = now, 0.0, 0.0, 0
+        self._pageable, self._sync, self._syncs = 0, 0.0, 0
+
+    # -- step boundary ---------------------------------------------------------------------
+    def _step_hook(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        now = time.perf_counter()
+        self.samples.append(StepSample(
+            step_s=now - self._t_last, data_wait_s=self._wait, h2d_s=self._h2d,
+            h2d_bytes=self._h2d_bytes, h2d_pageable_bytes=self._pageable, sync_s=self._sync,
+            syncs=self._syncs))
+        self.steps += 1
+        if self.on_step is not None:
+            self.on_step(self.steps)  # may raise StopScript; may take time (not counted)
+        self._reset(time.perf_counter())
+
+    # -- probes ----------------------------------------------------------------------------
+    def _timed_next(self, original: Callable) -> Callable:
+        probes = self
+
+        def __next__(it):
+            t0 = time.perf_counter()
+            try:
+                return original(it)
+            finally:
+                probes._wait += time.perf_counter() - t0
+
+        return __next__
+
+    def _recorded_iter(self, original: Callable) -> Callable:
+        probes = self
+
+        def __iter__(loader):
+            if id(loader) not in probes.loaders:
+                probes.loaders[id(loader)] = _loader_info(loader)
+            return original(loader)
+
+        return __iter__
+
+    def _sync_probe(self, name: str) -> Callable[[Callable], Callable]:
+        probes = self
+
+        def make(original: Callable) -> Callable:
+            def probe(tensor, *args, **kwargs):
+                if probes._in_sync:  # e.g. __repr__ calling .tolist(): count the outer call
+                    return original(tensor, *args, **kwargs)
+                probes._in_sync = True
+                t0 = time.perf_counter()
+                try:
+                    return original(tensor, *args, **kwargs)
+                finally:
+                    probes._in_sync = False
+                    probes._sync += time.perf_counter() - t0
+                    probes._syncs += 1
+
+            probe.__name__ = name
+            return probe
+
+        return make
+
+    def _h2d_probe(self, name: str) -> Callable[[Callable], Callable]:
+        probes = self
+
+        def make(original: Callable) -> Callable:
+            def probe(tensor, *args, **kwargs):
+                if tensor.device.type != "cpu" or not _targets_cuda(name, args, kwargs):
+                    return original(tensor, *args, **kwargs)
+                t0 = time.perf_counter()
+                out = original(tensor, *args, **kwargs)
+                probes._h2d += time.perf_counter() - t0
+                nbytes = tensor.numel() * tensor.element_size()
+                probes._h2d_bytes += nbytes
+                if not tensor.is_pinned():
+                    probes._pageable += nbytes
+                return out
+
+            probe.__name__ = name
+            return probe
+
+        return make
+
+
+def _targets_cuda(name: str, args: tuple, kwargs: dict) -> bool:
+    if name == "cuda":
+        return True
+    try:
+        device = torch._C._nn._parse_to(*args, **kwargs)[0]
+    except (TypeError, RuntimeError):
+        return False
+    return device is not None and device.type == "cuda"
+
+
+def _loader_info(loader: DataLoader) -> LoaderInfo:
+    workers = loader.num_workers
+    return LoaderInfo(batch_size=loader.batch_size, num_workers=workers,
+                      pin_memory=bool(loader.pin_memory),
+                      prefetch_factor=loader.prefetch_factor if workers > 0 else None,
+                      persistent_workers=bool(loader.persistent_workers),
+                      dataset=type(loader.dataset).__name__, batch_bytes=_first_batch_bytes(loader))
+
+
+def _first_batch_bytes(loader: DataLoader) -> int | None:
+    """Bytes of one batch, estimated from one sample x batch size (no batch is drawn twice)."""
+    try:
+        sample = loader.dataset[0]
+    except Exception:  # iterable datasets, or __getitem__ that needs more: unknown
+        return None
+    size = _tensor_bytes(sample)
+    return None if size == 0 or loader.batch_size is None else size * loader.batch_size
+
+
+def _tensor_bytes(obj: Any) -> int:
+    if isinstance(obj, torch.Tensor):
+        return obj.numel() * obj.element_size()
+    if isinstance(obj, (list, tuple)):
+        return sum(_tensor_bytes(o) for o in obj)
+    if isinstance(obj, dict):
+        return sum(_tensor_bytes(o) for o in obj.values())
+    return 0

@@ -1,0 +1,328 @@
+"""Verdict rules on hand-built measurements: one recorded shape per bottleneck, the findings, the
+Amdahl arithmetic of the remedies, and the invariants (shares sum to 1, remedies ranked)."""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import json
+import math
+import random
+
+import pytest
+
+from looptune.diagnose.model import (PHASES, Environment, LoaderInfo, Measurements, StepSample,
+                                     Verdict)
+from looptune.diagnose.verdict import amdahl, analyze, render_breakdown
+from looptune.errors import MeasurementError
+
+GiB, MiB = 2**30, 2**20
+
+
+def _steps(n: int = 5, **kw) -> list[StepSample]:
+    return [StepSample(**kw) for _ in range(n)]
+
+
+def _cpu(cores: int = 4, **kw) -> Environment:
+    return Environment(cpu_count=cores, device_type="cpu", device_name="cpu", **kw)
+
+
+def _cuda(cores: int = 8, **kw) -> Environment:
+    return Environment(cpu_count=cores, device_type="cuda", device_name="NVIDIA H100",
+                       device_total_bytes=80 * GiB, **kw)
+
+
+def _loader(**kw) -> LoaderInfo:
+    base = {"batch_size": 64, "num_workers": 0, "pin_memory": False, "prefetch_factor": None,
+            "persistent_workers": False, "dataset": "MNIST"}
+    return LoaderInfo(**{**base, **kw})
+
+
+def _m(steps, **kw) -> Measurements:
+    return Measurements(steps=steps, warmup_steps=2, **kw)
+
+
+def _by_kind(v: Verdict, kind: str):
+    return [r for r in v.remedies if r.kind == kind]
+
+
+def _names(v: Verdict) -> list[str]:
+    return [f.name for f in v.findings]
+
+
+def _assert_ranked(v: Verdict) -> None:
+    speedups = [r.expected_speedup for r in v.remedies if r.kind != "memory"]
+    assert speedups == sorted(speedups, reverse=True)
+    assert all(s >= 1.05 for s in speedups)
+
+
+# --- bottlenecks ---------------------------------------------------------------------------------
+
+def test_62_percent_data_wait_is_data_loading_with_amdahl_bounds():
+    stall = StepSample(step_s=1.0, data_wait_s=0.9)  # one epoch-start stall: medians ignore it
+    v = analyze(_m(_steps(9, step_s=0.1, data_wait_s=0.062) + [stall],
+                   loaders=[_loader(num_workers=0)], env=_cpu(cores=4)))
+    assert v.bottleneck == "data_loading"
+    assert v.shares["data_wait"] == 0.62 and v.shares["compute"] == 0.38
+    assert v.step_ms == pytest.approx(100.0) and v.phase_ms["data_wait"] == pytest.approx(62.0)
+    # removing the whole wait: 1 / (1 - 0.62) = 2.63x
+    assert v.evidence["speedup_if_removed"] == 2.63
+    assert "62.0%" in v.evidence["reason"]
+    tensorized = _by_kind(v, "tensorized")[0]
+    assert tensorized.expected_speedup == round(1 / (1 - 0.62 * 0.9), 2) == 2.26
+    workers = _by_kind(v, "loader")[0]  # 4 cores: 3 workers; the step becomes max(62/3, 38) ms
+    assert workers.action == "DataLoader(num_workers=3, persistent_workers=True)"
+    assert workers.expected_speedup == round(100 / max(62 / 3, 38), 2) == 2.63
+    assert v.remedies[0] is workers  # overlapping with 3 workers beats decoding 90% away
+    _assert_ranked(v)
+
+
+def test_amdahl_bounds():
+    assert amdahl(0.62) == pytest.approx(1 / 0.38) and round(amdahl(0.62), 1) == 2.6
+    assert amdahl(0.5, 0.5) == pytest.approx(1 / 0.75)
+    assert amdahl(0.0) == 1.0
+    assert amdahl(1.0) == pytest.approx(100.0)  # capped: no infinite bound
+
+
+def test_h2d_dominated_cuda_steps_with_pageable_bytes():
+    steps = _steps(step_s=0.010, data_wait_s=0.001, h2d_s=0.005, h2d_bytes=4 * MiB,
+                   h2d_pageable_bytes=4 * MiB, device_busy_s=0.003)
+    v = analyze(_m(steps, loaders=[_loader()], env=_cuda()))
+    assert v.bottleneck == "host_to_device"
+    # equal to 4 decimals: an ulp may go to the last term so that sum() is exactly 1.0
+    assert v.shares == pytest.approx({"data_wait": 0.1, "host_to_device": 0.5, "sync": 0.0,
+                                      "compute": 0.3, "other": 0.1}, abs=1e-15)
+    assert sum(v.shares.values()) == 1.0
+    assert "pageable_h2d" in _names(v)
+    assert "4.0 MiB" in next(f.message for f in v.findings if f.name == "pageable_h2d")
+    pin = _by_kind(v, "transfer")[0]
+    assert pin.action == "DataLoader(pin_memory=True) and .to(device, non_blocking=True)"
+    assert pin.expected_speedup == round(1 / (1 - 0.5 * 0.7), 2)
+    assert _by_kind(v, "device_resident")[0].expected_speedup == 2.5  # copies + wait go: 1/0.4
+    assert _by_kind(v, "loader")[0].action == (
+        "DataLoader(num_workers=7, persistent_workers=True, pin_memory=True)")
+    _assert_ranked(v)
+
+
+def test_already_pinned_copies_get_no_pin_remedy_or_finding():
+    steps = _steps(step_s=0.010, h2d_s=0.006, h2d_bytes=4 * MiB, device_busy_s=0.004)
+    v = analyze(_m(steps, env=_cuda()))
+    assert v.bottleneck == "host_to_device"
+    assert not _by_kind(v, "transfer") and "pageable_h2d" not in _names(v)
+    assert _by_kind(v, "device_resident")
+
+
+@pytest.mark.parametrize("kw, cause", [
+    ({"oom": True}, "out-of-memory"),
+    ({"alloc_retries": 3}, "3 caching-allocator retries"),
+    ({"peak_mem_bytes": int(76 * GiB), "mem_limit_bytes": 80 * GiB}, "95.0%"),
+])
+def test_memory(kw, cause):
+    steps = _steps(step_s=0.010, data_wait_s=0.006, device_busy_s=0.004)
+    v = analyze(_m(steps, loaders=[_loader(batch_size=256)], env=_cuda(), **kw))
+    assert v.bottleneck == "memory"
+    assert cause in v.evidence["reason"]
+    assert v.evidence["timing_bottleneck"] == "data_loading"  # kept for the speedup remedies
+    assert v.remedies[0].kind == "memory" and v.remedies[0].expected_speedup == 1.0
+    assert v.remedies[0].action.startswith("batch_size 256 -> 128 with gradient accumulation")
+    assert "empty_cache() is not a fix" in v.remedies[0].reason
+    assert _by_kind(v, "tensorized")  # speedups still follow the memory fixes
+    if kw.get("alloc_retries"):
+        assert any("expandable_segments" in r.action for r in v.remedies)
+
+
+def test_memory_threshold_is_92_percent_of_the_gpu_only():
+    steps = _steps(step_s=0.010, device_busy_s=0.009)
+    near = {"peak_mem_bytes": int(0.91 * 80 * GiB), "mem_limit_bytes": 80 * GiB}
+    assert analyze(_m(steps, env=_cuda(), **near)).bottleneck != "memory"
+    full = {"peak_mem_bytes": int(0.95 * 64 * GiB), "mem_limit_bytes": 64 * GiB}
+    cpu = analyze(_m(_steps(step_s=0.010), env=_cpu(), **full))
+    assert cpu.bottleneck != "memory" and cpu.evidence["mem_fraction"] == 0.95
+
+
+def test_tiny_batch_with_an_item_per_step_on_cpu_is_overhead():
+    # 1 MFLOP per step against a 100 GFLOP/s matmul rate: ~0.1% of the rate
+    steps = _steps(step_s=0.010, data_wait_s=0.001, sync_s=0.001, syncs=1)
+    v = analyze(_m(steps, loaders=[_loader(batch_size=32)], env=_cpu(cores=4),
+                   flops_per_step=1e6, matmul_flops_per_s=1e11))
+    assert v.bottleneck == "overhead"
+    assert v.evidence["flops_ratio"] < 0.35
+    assert v.evidence["achieved_flops_per_s"] == pytest.approx(1e6 / 0.009)
+    assert v.evidence["matmul_flops_per_s"] == 1e11
+    assert "tiny_batch" in _names(v)
+    sync = _by_kind(v, "sync")[0]
+    assert ".item()" in sync.action and sync.expected_speedup == round(1 / 0.9, 2)
+    batch = _by_kind(v, "batch")[0]
+    assert batch.action.startswith("batch_size 32 -> 128")
+    o = 0.9 * (1 - (1e6 / 1e11) / 0.009)  # busy share x the part the arithmetic doesn't need
+    assert batch.expected_speedup == round(1 / (1 - o * 0.75), 2)
+    assert not _by_kind(v, "compile")  # torch.compile / CUDA graphs: CUDA only
+    _assert_ranked(v)
+
+
+def test_step_near_the_matmul_rate_is_compute_on_cuda():
+    rate = 400e12
+    steps = _steps(step_s=0.100, data_wait_s=0.001, h2d_s=0.001, device_busy_s=0.095)
+    flops = 0.6 * rate * 0.098  # compute 95 ms + other 3 ms at 60% of the rate
+    v = analyze(_m(steps, env=_cuda(tf32_supported=True, tf32_enabled=True),
+                   flops_per_step=flops, matmul_flops_per_s=rate))
+    assert v.bottleneck == "compute"
+    assert v.evidence["flops_ratio"] == pytest.approx(0.6)
+    assert v.shares["compute"] == 0.95 and v.shares["other"] == 0.03
+    precision = _by_kind(v, "precision")[0]
+    assert "torch.bfloat16" in precision.action
+    assert precision.expected_speedup == round(1 / (1 - 0.95 * 0.5), 2)
+    assert "tf32_off" not in _names(v)
+
+
+def test_compute_bound_cpu_gets_a_cautious_bf16_remedy():
+    v = analyze(_m(_steps(step_s=0.050), env=_cpu(), flops_per_step=2e9, matmul_flops_per_s=1e11))
+    assert v.bottleneck == "compute"
+    (precision,) = v.remedies
+    assert "AMX" in precision.action and precision.expected_speedup == 1.25  # 1/(1 - 1.0 x 0.2)
+
+
+def test_unknown_flops_fall_back_to_shares():
+    syncy = analyze(_m(_steps(step_s=0.010, sync_s=0.0015, syncs=1), env=_cpu()))
+    assert syncy.bottleneck == "overhead"
+    assert syncy.evidence["flops"] == "unknown" and "FLOPs unknown" in syncy.evidence["reason"]
+    launchy = analyze(_m(_steps(step_s=0.010, device_busy_s=0.006), env=_cuda()))
+    assert launchy.bottleneck == "overhead" and launchy.shares["other"] == 0.4
+    assert _by_kind(launchy, "compile")[0].expected_speedup == round(1 / 0.6, 2)
+    quiet = analyze(_m(_steps(step_s=0.010, sync_s=0.0002, syncs=1), env=_cpu()))
+    assert quiet.bottleneck == "compute" and quiet.evidence["flops"] == "unknown"
+
+
+def test_a_big_loader_share_that_is_not_the_largest_lets_the_largest_phase_decide():
+    v = analyze(_m(_steps(step_s=0.010, data_wait_s=0.0035), env=_cpu()))
+    assert v.bottleneck == "compute" and "largest phase decides" in v.evidence["contested"]
+    v = analyze(_m(_steps(step_s=0.010, data_wait_s=0.0032, device_busy_s=0.002), env=_cuda()))
+    assert v.shares["other"] == 0.48 and v.bottleneck == "overhead"
+    assert "data_wait 32.0%" in v.evidence["reason"]
+
+
+def test_env_missing_uses_device_busy_to_tell_cuda():
+    v = analyze(_m(_steps(step_s=0.010, device_busy_s=0.009)))
+    assert v.evidence["device"] == "cuda" and v.findings == []
+
+
+# --- invariants ----------------------------------------------------------------------------------
+
+def test_shares_sum_to_exactly_one_and_are_never_negative():
+    rng = random.Random(1234)
+    for _ in range(300):
+        steps = []
+        for _ in range(rng.randint(1, 6)):
+            step = rng.uniform(1e-4, 0.5)
+            # probes may overlap: the parts can add up to more than the step
+            parts = [rng.uniform(0, step) * rng.choice([0, 0.3, 1]) for _ in range(3)]
+            busy = rng.choice([None, rng.uniform(0, step)])
+            steps.append(StepSample(step_s=step, data_wait_s=parts[0], h2d_s=parts[1],
+                                    sync_s=parts[2], syncs=rng.randint(0, 3), device_busy_s=busy))
+        v = analyze(_m(steps))
+        assert sum(v.shares.values()) == 1.0
+        assert all(v.shares[k] >= 0 for k in PHASES) and list(v.shares) == list(PHASES)
+        assert all(abs(s - round(s, 4)) < 1e-12 for s in v.shares.values())
+        _assert_ranked(v)
+
+
+def test_verdict_is_deterministic_and_json_ready():
+    m = _m(_steps(step_s=0.010, data_wait_s=0.004, sync_s=0.001, syncs=2, device_busy_s=0.004),
+           loaders=[_loader(num_workers=1)], env=_cuda(), peak_mem_bytes=GiB,
+           mem_limit_bytes=80 * GiB)
+    assert analyze(m) == analyze(m)
+    json.dumps(dataclasses.asdict(analyze(m)), allow_nan=False)
+
+
+def test_render_breakdown_rows():
+    v = analyze(_m(_steps(step_s=0.1, data_wait_s=0.062)))
+    rows = render_breakdown(v)
+    assert [r[0] for r in rows] == list(PHASES)
+    assert rows[0] == ("data_wait", pytest.approx(62.0), 0.62)
+
+
+def test_empty_steps_raise_with_the_fix():
+    with pytest.raises(MeasurementError, match="no measured steps.*fewer warm-up steps"):
+        analyze(_m([]))
+
+
+@pytest.mark.parametrize("bad", [{"step_s": -0.1}, {"step_s": math.nan},
+                                 {"step_s": 0.1, "sync_s": math.inf}])
+def test_impossible_step_times_raise(bad):
+    with pytest.raises(MeasurementError, match="finite seconds >= 0"):
+        analyze(_m([StepSample(**bad)]))
+
+
+def test_all_zero_steps_raise():
+    with pytest.raises(MeasurementError, match="took 0 s"):
+        analyze(_m(_steps(step_s=0.0)))
+
+
+# --- findings ------------------------------------------------------------------------------------
+
+def test_workers_on_two_cores():
+    steps = _steps(step_s=0.010, data_wait_s=0.006)
+    v = analyze(_m(steps, loaders=[_loader(num_workers=2)], env=_cpu(cores=2)))
+    (f,) = [f for f in v.findings if f.name == "workers_vs_cores"]
+    assert f.severity == "warning"
+    assert "num_workers=2 on 2 CPU cores" in f.message and "num_workers=1" in f.message
+    workers = _by_kind(v, "loader")[0]  # 1 worker + the step on 2 cores: max(6 / 1, 4) ms
+    assert workers.action == "DataLoader(num_workers=1, persistent_workers=True)"
+    assert workers.expected_speedup == round(10 / max(6, 4), 2) == 1.67
+    ok = analyze(_m(steps, loaders=[_loader(num_workers=1)], env=_cpu(cores=2)))
+    assert "workers_vs_cores" not in _names(ok) and not _by_kind(ok, "loader")
+    none = analyze(_m(steps, loaders=[_loader(num_workers=0)], env=_cpu(cores=2)))
+    assert _by_kind(none, "loader")[0].action == "DataLoader(num_workers=1, persistent_workers=True)"
+
+
+def test_one_core_suggests_loading_in_the_main_process():
+    steps = _steps(step_s=0.010, data_wait_s=0.006)
+    v = analyze(_m(steps, loaders=[_loader(num_workers=1)], env=_cpu(cores=1)))
+    assert _by_kind(v, "loader")[0].action == "DataLoader(num_workers=0)"
+
+
+def test_loader_remedy_actions_parse_as_dataloader_kwargs():
+    # the runner's --verify applies the top kind="loader" remedy's keyword arguments
+    v = analyze(_m(_steps(step_s=0.010, data_wait_s=0.006), loaders=[_loader()],
+                   env=_cpu(cores=16)))
+    call = ast.parse(_by_kind(v, "loader")[0].action, mode="eval").body
+    assert call.func.id == "DataLoader"
+    assert {k.arg: ast.literal_eval(k.value) for k in call.keywords} == {
+        "num_workers": 8, "persistent_workers": True}
+
+
+def test_shm_too_small():
+    ld = _loader(num_workers=3, batch_bytes=10 * MiB)  # 10 MiB x 3 workers x prefetch 2 = 60 MiB
+    v = analyze(_m(_steps(step_s=0.01), loaders=[ld], env=_cpu(shm_bytes=64 * MiB)))
+    (f,) = [f for f in v.findings if f.name == "shm"]
+    assert f.severity == "warning"
+    assert "60.0 MiB" in f.message and "64.0 MiB" in f.message and "--shm-size=1g" in f.message
+    roomy = analyze(_m(_steps(step_s=0.01), loaders=[ld], env=_cpu(shm_bytes=8 * GiB)))
+    assert "shm" not in _names(roomy)
+
+
+def test_pin_memory_without_gpu():
+    v = analyze(_m(_steps(step_s=0.01), loaders=[_loader(pin_memory=True)], env=_cpu()))
+    (f,) = v.findings
+    assert f.name == "pin_without_gpu" and f.severity == "info"
+    assert "pin_memory=False" in f.message
+    on_gpu = analyze(_m(_steps(step_s=0.01, device_busy_s=0.009),
+                        loaders=[_loader(pin_memory=True)], env=_cuda()))
+    assert "pin_without_gpu" not in _names(on_gpu)
+
+
+@pytest.mark.parametrize("supported, enabled, expected", [
+    (True, False, True), (True, True, False), (False, False, False), (True, None, False)])
+def test_tf32_off(supported, enabled, expected):
+    env = _cuda(tf32_supported=supported, tf32_enabled=enabled)
+    v = analyze(_m(_steps(step_s=0.01, device_busy_s=0.009), env=env))
+    assert ("tf32_off" in _names(v)) is expected
+    if expected:
+        f = v.findings[0]
+        assert f.severity == "warning" and "set_float32_matmul_precision(\"high\")" in f.message
+
+
+def test_tiny_batch_only_when_overhead_bound():
+    compute_bound = analyze(_m(_steps(step_s=0.010), loaders=[_loader(batch_size=16)], env=_cpu(),
+                               flops_per_step=5e8, matmul_flops_per_s=1e11))
+    assert compute_bound.bottleneck == "compute" and "tiny_batch" not in _names(compute_bound)
