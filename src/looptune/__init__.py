@@ -8,6 +8,8 @@ __version__ = "0.1.0"
 from looptune.api import train  # noqa: E402
 from looptune.bench.results import BenchResults  # noqa: E402
 from looptune.bench.runner import bench  # noqa: E402
+from looptune.diagnose.result import Diagnosis  # noqa: E402
+from looptune.diagnose.runner import diagnose, watch  # noqa: E402
 from looptune.errors import ConfigError, DataError, LooptuneError, MeasurementError  # noqa: E402
 from looptune.measure.results import RunResult  # noqa: E402
 from looptune.presets import RECIPES  # noqa: E402
@@ -15,7 +17,7 @@ from looptune.recipe import (Decision, LoaderConfig, OptimConfig, Recipe,  # noq
                              ScheduleConfig, StepConfig)
 
 __all__ = [
-    "__version__", "train", "bench", "BenchResults", "RunResult", "Recipe", "LoaderConfig",
+    "__version__", "train", "bench", "diagnose", "watch", "Diagnosis", "BenchResults", "RunResult", "Recipe", "LoaderConfig",
     "StepConfig", "OptimConfig", "ScheduleConfig", "RECIPES", "Decision", "LooptuneError",
     "ConfigError", "DataError", "MeasurementError",
 ]

@@ -32,3 +32,11 @@ def test_engine_benchmarks_smoke(mnist_dir, script, needles):
     assert proc.returncode == 0, proc.stderr
     for needle in needles:
         assert needle in proc.stdout
+
+
+@pytest.mark.integration
+def test_diagnose_overhead_smoke(mnist_dir):
+    proc = subprocess.run([sys.executable, str(BENCHMARKS / "diagnose_overhead.py"), "--smoke",
+                           "--data", str(mnist_dir)], capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr
+    assert "probe overhead" in proc.stdout and "verdict on the reference: data_loading" in proc.stdout

@@ -160,10 +160,9 @@ def _script_env(target: str | Callable, args: Sequence[str], module: bool) -> It
             sys.path.insert(0, os.getcwd())  # as `python -m` does
             yield lambda: runpy.run_module(target, run_name="__main__", alter_sys=True)
         else:
-            path = str(Path(target).resolve())
             sys.argv = [str(target), *args]
-            sys.path.insert(0, str(Path(path).parent))  # as `python script.py` does
-            yield lambda: runpy.run_path(path, run_name="__main__")
+            sys.path.insert(0, str(Path(target).resolve().parent))  # as `python script.py` does
+            yield lambda: runpy.run_path(str(target), run_name="__main__")  # argv[0] as given
     finally:
         sys.argv[:] = saved_argv
         sys.path[:] = saved_path

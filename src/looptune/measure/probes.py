@@ -6,7 +6,8 @@ to the end of the next):
 
 * data wait: time inside ``next()`` on any DataLoader iterator (and the settings of each loader);
 * host-to-device copies: time, bytes, pinned or pageable (``Tensor.to``/``.cuda`` to a GPU);
-* host syncs: ``.item()``, ``.tolist()``, ``.cpu()``, ``.numpy()`` and printing tensors;
+* host syncs: ``.item()``, ``.tolist()``, ``.cpu()``, ``.numpy()`` and printing tensors that live
+  on an accelerator (a CPU tensor has nothing to wait for);
 * step boundaries: a global optimizer step post-hook (torch's own hook API, no patching).
 
 Each probe costs a ``perf_counter`` pair and a Python call (~1 us), far below a step's time.
@@ -46,7 +47,7 @@ class StepProbes:
         self.loaders: dict[int, LoaderInfo] = {}
         self.steps = 0
         self._restore: list[Callable[[], None]] = []
-        self._in_sync = False
+        self._in_sync = self._in_data = False
         self._reset(time.perf_counter())
 
     # -- lifecycle -------------------------------------------------------------------------
@@ -102,9 +103,11 @@ class StepProbes:
 
         def __next__(it):
             t0 = time.perf_counter()
+            outer, probes._in_data = probes._in_data, True  # loading is data wait, not syncs
             try:
                 return original(it)
             finally:
+                probes._in_data = outer
                 probes._wait += time.perf_counter() - t0
 
         return __next__
@@ -124,7 +127,9 @@ class StepProbes:
 
         def make(original: Callable) -> Callable:
             def probe(tensor, *args, **kwargs):
-                if probes._in_sync:  # e.g. __repr__ calling .tolist(): count the outer call
+                # a CPU tensor has nothing to wait for; nested calls (__repr__ -> .tolist()) and
+                # reads inside the data loader (already data wait) are not counted again
+                if probes._in_sync or probes._in_data or tensor.device.type == "cpu":
                     return original(tensor, *args, **kwargs)
                 probes._in_sync = True
                 t0 = time.perf_counter()

@@ -16,8 +16,7 @@ _PHASE_TEXT = {"data_wait": "data wait", "host_to_device": "host-to-device", "sy
 
 
 def breakdown_table(d: Diagnosis) -> Table:
-    table = Table(title=f"{d.script}: {d.steps_measured} steps measured after {d.warmup_steps} "
-                        f"warm-up, median step {d.step_ms:.2f} ms", title_justify="left")
+    table = Table()
     for col in ("phase", "median ms/step", "share"):
         table.add_column(col, justify="left" if col == "phase" else "right")
     for phase in PHASES:
@@ -27,6 +26,8 @@ def breakdown_table(d: Diagnosis) -> Table:
 
 
 def print_diagnosis(d: Diagnosis, console: Console) -> None:
+    console.print(f"{d.script}: {d.steps_measured} steps measured after {d.warmup_steps} warm-up, "
+                  f"median step {d.step_ms:.2f} ms", highlight=False, markup=False)
     console.print(breakdown_table(d))
     console.print(f"[bold]bottleneck: {d.bottleneck}[/bold]", highlight=False)
     for key, value in d.evidence.items():

@@ -1,0 +1,80 @@
+"""Probe overhead of `looptune diagnose` on the reference workload (examples/mnist_tutorial.py).
+
+Runs the same unmodified script alternately (a) bare, timed only by an optimizer step hook, and
+(b) under diagnose's full probes, in one process, and compares the median step times.
+Goal: probes add at most 3% to the step.
+
+    python benchmarks/diagnose_overhead.py --data ../shared/data/mnist
+    python benchmarks/diagnose_overhead.py --data ../shared/data/mnist --smoke   # CI: no verdict
+"""
+
+from __future__ import annotations
+
+import argparse
+import runpy
+import statistics
+import sys
+import time
+import warnings
+from pathlib import Path
+
+from torch.optim.optimizer import register_optimizer_step_post_hook
+
+import looptune
+from looptune.measure.probes import StopScript
+
+SCRIPT = Path(__file__).resolve().parents[1] / "examples" / "mnist_tutorial.py"
+GOAL = 0.03
+
+
+def bare_steps(args: list[str], steps: int, warmup: int) -> list[float]:
+    """Step times with nothing installed but one optimizer post-hook (the minimum to time a step)."""
+    stamps: list[float] = []
+
+    def hook(optimizer, a, k):
+        stamps.append(time.perf_counter())
+        if len(stamps) > warmup + steps:
+            raise StopScript
+
+    handle = register_optimizer_step_post_hook(hook)
+    saved = sys.argv[:]
+    sys.argv = [str(SCRIPT), *args]
+    try:
+        runpy.run_path(str(SCRIPT), run_name="__main__")
+    except StopScript:
+        pass
+    finally:
+        handle.remove()
+        sys.argv[:] = saved
+    return [b - a for a, b in zip(stamps[warmup:], stamps[warmup + 1:])]
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--data", default=None, help="MNIST folder (default: $LOOPTUNE_DATA)")
+    p.add_argument("--steps", type=int, default=200)
+    p.add_argument("--repeats", type=int, default=4)
+    p.add_argument("--smoke", action="store_true", help="CI mode: short, no verdict")
+    args = p.parse_args(argv)
+    steps, repeats = (30, 1) if args.smoke else (args.steps, args.repeats)
+    script_args = ["--epochs", "100"] + (["--data", args.data] if args.data else [])
+    bare, probed = [], []
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        for _ in range(repeats):  # interleaved: machine drift hits both alike
+            bare.append(statistics.median(bare_steps(script_args, steps, warmup=5)))
+            d = looptune.diagnose(str(SCRIPT), script_args, steps=steps, warmup=5)
+            probed.append(d.step_ms / 1e3)
+    b, q = statistics.median(bare), statistics.median(probed)
+    overhead = q / b - 1
+    print(f"median step: bare {b * 1e3:.3f} ms, with probes {q * 1e3:.3f} ms "
+          f"({len(bare)} interleaved runs of {steps} steps each)")
+    ok = overhead <= GOAL
+    print(f"probe overhead: {100 * overhead:+.2f}% of the step; goal <= {100 * GOAL:.0f}%: "
+          f"{'PASS' if ok else 'FAIL'}")
+    print(f"verdict on the reference: {d.bottleneck}, data wait {100 * d.shares['data_wait']:.1f}%")
+    return 0 if ok or args.smoke else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,148 @@
+"""diagnose() on planted-bottleneck scripts, run unchanged, in this process."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from torch.utils.data import DataLoader
+
+import looptune
+from looptune.diagnose.model import PHASES
+from looptune.diagnose.runner import parse_loader_action
+
+SCRIPTS = Path(__file__).parent / "scripts"
+
+
+def run(name, *args, **kw):
+    return looptune.diagnose(str(SCRIPTS / name), list(args), **{"steps": 15, "warmup": 3, **kw})
+
+
+def test_slow_getitem_is_data_loading():
+    d = run("slow_getitem.py")
+    assert d.bottleneck == "data_loading" and d.steps_measured == 15
+    assert sum(d.shares.values()) == pytest.approx(1.0) and set(d.shares) == set(PHASES)
+    assert d.shares["data_wait"] > 0.5
+    assert d.remedies and d.remedies[0].expected_speedup > 1.5
+    assert d.loaders[0].batch_size == 32 and d.loaders[0].dataset == "Slow"
+
+
+def test_in_memory_wide_mlp_is_compute():
+    d = run("compute_heavy.py", steps=6, warmup=2)
+    assert d.bottleneck == "compute", d.evidence
+    assert d.evidence["flops_ratio"] >= 0.35
+
+
+def test_tiny_batches_with_item_every_step_are_overhead():
+    d = run("tiny_sync.py", steps=40)
+    assert d.bottleneck == "overhead", d.evidence
+    assert any(r.kind == "batch" for r in d.remedies)
+    # .item() on a CPU tensor waits for nothing: syncs are counted for accelerator tensors only
+    assert d.evidence["syncs_per_step"] == (0 if not torch.cuda.is_available() else pytest.approx(1, abs=0.5))
+
+
+def test_a_script_that_raises_is_reported_with_what_was_measured():
+    d = run("raises.py", steps=50)
+    assert d.error == "RuntimeError: planted failure at step 12" and d.stopped == "error"
+    assert 0 < d.steps_measured < 50 and d.bottleneck in {"overhead", "compute"}
+
+
+def test_a_script_without_optimizer_step_gets_a_clear_error():
+    with pytest.raises(looptune.MeasurementError, match="never called optimizer.step"):
+        run("no_step.py")
+
+
+def test_argv_path_and_patches_are_restored_and_short_runs_reported(tmp_path):
+    argv, path = sys.argv[:], sys.path[:]
+    out = tmp_path / "argv.txt"
+    d = run("short_argv.py", "--steps", "12", "--out", str(out), steps=50)
+    assert out.read_text() == f"{SCRIPTS / 'short_argv.py'} --steps 12 --out {out}"
+    assert d.stopped == "script_ended" and d.steps_measured < 50
+    assert sys.argv == argv and sys.path == path
+    assert "item" not in torch.Tensor.__dict__ and "cpu" not in torch.Tensor.__dict__
+    assert DataLoader.__iter__.__name__ == "__iter__" and DataLoader.__iter__.__module__.startswith("torch")
+
+
+def test_dataloader_worker_processes_and_the_two_core_finding(monkeypatch):
+    monkeypatch.setattr("os.cpu_count", lambda: 2)
+    d = run("workers.py", steps=20)
+    assert d.loaders[0].num_workers == 2
+    assert any(f.name == "workers_vs_cores" for f in d.findings)
+
+
+def test_module_mode(monkeypatch):
+    monkeypatch.syspath_prepend(str(SCRIPTS))
+    d = looptune.diagnose("tiny_sync", module=True, steps=10, warmup=2)
+    assert d.script == "-m tiny_sync" and d.steps_measured == 10
+
+
+def test_verify_reruns_with_the_loader_remedy(monkeypatch):
+    monkeypatch.setattr("os.cpu_count", lambda: 2)
+    d = run("slow_getitem.py", "--workers", "0", steps=12, verify=True)
+    v = d.verify
+    assert v["remedy"] == "DataLoader(num_workers=1, persistent_workers=True)"
+    assert v["overrides"] == {"num_workers": 1, "persistent_workers": True}
+    assert v["before_step_ms"] > 0 and v["after_step_ms"] > 0
+    assert v["speedup"] == pytest.approx(v["before_step_ms"] / v["after_step_ms"])
+
+
+def test_trace_writes_a_chrome_trace_and_a_top_ops_table(tmp_path):
+    d = run("tiny_sync.py", steps=5, trace_dir=tmp_path / "trace")
+    assert Path(d.trace["chrome_trace"]).is_file() and "aten::" in d.trace["top_ops"]
+
+
+def test_probes_do_not_change_results():
+    def train():
+        torch.manual_seed(0)
+        model = torch.nn.Linear(8, 2)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        data = torch.utils.data.TensorDataset(torch.randn(256, 8), torch.randint(0, 2, (256,)))
+        for x, y in DataLoader(data, batch_size=16):
+            opt.zero_grad()
+            loss = torch.nn.functional.cross_entropy(model(x), y)
+            loss.backward()
+            opt.step()
+            print(loss.item(), end="\r")
+        return model.weight.detach().clone()
+
+    plain = train()
+    with looptune.watch(warmup=2) as w:
+        watched = train()
+    assert torch.equal(plain, watched)
+    assert w.diagnosis.steps_measured >= 10 and w.diagnosis.bottleneck
+
+
+def test_parse_loader_action():
+    assert parse_loader_action("DataLoader(num_workers=3, persistent_workers=True, pin_memory=True)") == {
+        "num_workers": 3, "persistent_workers": True, "pin_memory": True}
+    with pytest.raises(looptune.ConfigError, match="not a DataLoader"):
+        parse_loader_action("torch.compile")
+
+
+def test_bad_arguments_are_reported_before_running():
+    with pytest.raises(looptune.ConfigError) as info:
+        looptune.diagnose("missing.py", steps=0, warmup=-1, seconds=0)
+    assert len(info.value.problems) == 4 and "missing.py" in str(info.value)
+
+
+def test_cli_writes_json_with_the_documented_keys(tmp_path):
+    out = tmp_path / "d.json"
+    proc = subprocess.run([sys.executable, "-m", "looptune", "diagnose", "--steps", "10", "--warmup", "2",
+                           "--json", str(out), str(SCRIPTS / "slow_getitem.py"), "--batch-size", "16"],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert "bottleneck: data_loading" in proc.stdout and "remedies" in proc.stdout
+    data = json.loads(out.read_text())
+    for key in ("bottleneck", "shares", "step_ms", "steps_measured", "remedies", "findings", "provenance"):
+        assert key in data
+    assert all({"action", "expected_speedup"} <= set(r) for r in data["remedies"])
+    assert data["loaders"][0]["batch_size"] == 16
+
+
+def test_cli_bad_input_exits_2(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "looptune", "diagnose", "--steps", "0", "nope.py"],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2
+    assert "steps=0 is invalid" in proc.stderr and "'nope.py' does not exist" in proc.stderr

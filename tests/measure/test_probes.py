@@ -1,0 +1,71 @@
+import types
+
+import pytest
+import torch
+from torch.utils.data import DataLoader, TensorDataset
+
+from looptune.measure.probes import StepProbes, StopScript, _targets_cuda
+
+
+def _train(steps_to_stop=None, batch_size=16):
+    model = torch.nn.Linear(4, 2)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    data = TensorDataset(torch.randn(128, 4), torch.randint(0, 2, (128,)))
+    for x, y in DataLoader(data, batch_size=batch_size):
+        opt.zero_grad()
+        torch.nn.functional.cross_entropy(model(x), y).backward()
+        opt.step()
+
+
+def test_one_sample_per_optimizer_step_with_data_wait_and_loader_settings():
+    with StepProbes() as probes:
+        _train()
+    assert probes.steps == 8 and len(probes.samples) == 8
+    assert all(s.step_s > 0 and 0 <= s.data_wait_s <= s.step_s for s in probes.samples)
+    (info,) = probes.loaders.values()
+    assert (info.batch_size, info.num_workers, info.dataset) == (16, 0, "TensorDataset")
+    assert info.batch_bytes == 16 * (4 * 4 + 8)
+
+
+def test_on_step_can_stop_the_loop_and_everything_is_restored():
+    seen = []
+
+    def stop(n):
+        seen.append(n)
+        if n == 3:
+            raise StopScript
+
+    with pytest.raises(StopScript):
+        with StepProbes(on_step=stop):
+            _train()
+    assert seen == [1, 2, 3]
+    assert "item" not in torch.Tensor.__dict__ and "__next__" in type(iter(DataLoader([1]))).__mro__[1].__dict__
+    assert torch.Tensor.__repr__.__name__ == "__repr__" and torch.Tensor.__repr__.__module__ == "torch._tensor"
+
+
+def test_sync_probe_counts_accelerator_tensors_only_and_not_nested():
+    probes = StepProbes()
+    calls = []
+    probe = probes._sync_probe("item")(lambda t, *a, **k: calls.append(t) or 1.0)
+    gpu_like = types.SimpleNamespace(device=torch.device("cuda"))
+    probe(gpu_like)
+    probe(torch.ones(()))  # a CPU tensor: nothing to wait for
+    assert probes._syncs == 1 and len(calls) == 2
+    probes._in_data = True  # a read inside the data loader is data wait already
+    probe(gpu_like)
+    assert probes._syncs == 1
+
+
+def test_h2d_probe_counts_bytes_and_pageable_memory():
+    probes = StepProbes()
+    probe = probes._h2d_probe("to")(lambda t, *a, **k: t)
+    x = torch.ones(10, dtype=torch.float32)
+    probe(x, "cuda", non_blocking=True)
+    probe(x, torch.float64)  # a dtype change, not a copy to a GPU
+    assert probes._h2d_bytes == 40 and probes._pageable == 40
+
+
+def test_targets_cuda_parses_to_arguments():
+    assert _targets_cuda("to", ("cuda:0",), {}) and _targets_cuda("cuda", (), {})
+    assert not _targets_cuda("to", (torch.float16,), {})
+    assert _targets_cuda("to", (), {"device": "cuda"})
