@@ -1,4 +1,3 @@
-import dataclasses
 
 from rich.console import Console
 

@@ -9,6 +9,7 @@ and every patched function are restored whatever the script does.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import runpy
 import sys
@@ -33,6 +34,8 @@ from looptune.measure.provenance import provenance
 __all__ = ["diagnose", "watch", "check_target"]
 
 TRACE_STEPS = 3  # steps inside the torch.profiler window (excluded from the measurement)
+# On CUDA the same window always runs: kernel time per step (the device's busy time) can only be
+# read from the profiler's CUPTI records; host clocks see launches, not kernels.
 
 
 def check_target(target: str | Callable, *, module: bool, steps: int, warmup: int,
@@ -68,6 +71,7 @@ class _Schedule:
     trace_dir: Path | None
     device: torch.device
     flops: float | None = None
+    device_busy_s: float | None = None  # CUDA: kernel time per step, from the profiler window
     first_measured: int | None = None  # 0-based index of the first measured sample
     stopped: str = "script_ended"
     trace: dict[str, Any] | None = None
@@ -92,7 +96,7 @@ class _Schedule:
         self._maybe_stop(n)
 
     def _trace_steps(self) -> int:
-        return TRACE_STEPS if self.trace_dir is not None else 0
+        return TRACE_STEPS if self.trace_dir is not None or self.device.type == "cuda" else 0
 
     def _maybe_stop(self, n: int) -> None:
         if self.first_measured is None:
@@ -117,7 +121,7 @@ class _Schedule:
             self._flop_mode = None
 
     def _start_trace(self) -> None:
-        if self.trace_dir is None:
+        if self._trace_steps() == 0:
             return
         from torch.profiler import ProfilerActivity, profile
 
@@ -131,11 +135,18 @@ class _Schedule:
         if self._profiler is None:
             return
         self._profiler.stop()
+        averages = self._profiler.key_averages()
+        if self.device.type == "cuda":  # self device time: each kernel counted once, in us
+            kernel_us = sum(getattr(e, "self_device_time_total", 0.0) for e in averages)
+            self.device_busy_s = kernel_us / 1e6 / TRACE_STEPS
+        if self.trace_dir is None:
+            self._profiler = None
+            return
         self.trace_dir.mkdir(parents=True, exist_ok=True)
         path = self.trace_dir / "trace.json"
         self._profiler.export_chrome_trace(str(path))
-        key = "self_cuda_time_total" if self.device.type == "cuda" else "self_cpu_time_total"
-        table = self._profiler.key_averages().table(sort_by=key, row_limit=15)
+        key = "self_device_time_total" if self.device.type == "cuda" else "self_cpu_time_total"
+        table = averages.table(sort_by=key, row_limit=15)
         self.trace = {"chrome_trace": str(path), "steps": TRACE_STEPS, "top_ops": table,
                       "open_with": "https://ui.perfetto.dev or chrome://tracing"}
         self._profiler = None
@@ -209,6 +220,8 @@ def _collect(schedule: _Schedule, probes: StepProbes, *, error, oom, device) -> 
             "torch.optim optimizers. Make sure the script trains with one, and that it reaches "
             "the training loop with the arguments given" + (f" (it raised: {error})" if error else "."))
     measured = _measured(samples, schedule)
+    if schedule.device_busy_s is not None:  # CUDA: split device time from host-side overhead
+        measured = [dataclasses.replace(s, device_busy_s=schedule.device_busy_s) for s in measured]
     mem = schedule.memory.read() if schedule.memory else PeakMemory(device).read()
     measurements = Measurements(
         steps=measured, warmup_steps=schedule.warmup, loaders=list(probes.loaders.values()),
