@@ -161,7 +161,7 @@ class _Schedule:
 
 @contextlib.contextmanager
 def _script_env(target: str | Callable, args: Sequence[str], module: bool) -> Iterator[Callable]:
-    saved_argv, saved_path = sys.argv[:], sys.path[:]
+    saved_argv, saved_path, threads = sys.argv[:], sys.path[:], torch.get_num_threads()
     try:
         if callable(target):
             sys.argv = [getattr(target, "__name__", "<callable>"), *args]
@@ -177,6 +177,7 @@ def _script_env(target: str | Callable, args: Sequence[str], module: bool) -> It
     finally:
         sys.argv[:] = saved_argv
         sys.path[:] = saved_path
+        torch.set_num_threads(threads)  # a script may change it; this process goes on after
 
 
 @dataclass

@@ -18,6 +18,9 @@ class Slow(Dataset):
         return torch.full((32,), float(acc % 7 + i % 3)), i % 2
 
 
+# one intra-op thread: on a VM whose vCPUs the host throttles, 2-thread OpenMP regions stall at
+# their barriers for whole scheduler ticks, which would land in the step, not in the data wait
+torch.set_num_threads(1)
 parser = argparse.ArgumentParser()
 parser.add_argument("--batch-size", type=int, default=32)
 parser.add_argument("--workers", type=int, default=0)
