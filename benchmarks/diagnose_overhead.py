@@ -67,11 +67,15 @@ def main(argv: list[str] | None = None) -> int:
             probed.append(d.step_ms / 1e3)
     b, q = statistics.median(bare), statistics.median(probed)
     overhead = q / b - 1
+    spread = (max(bare) - min(bare)) / b  # run-to-run noise of the bare script itself
     print(f"median step: bare {b * 1e3:.3f} ms, with probes {q * 1e3:.3f} ms "
-          f"({len(bare)} interleaved runs of {steps} steps each)")
-    ok = overhead <= GOAL
-    print(f"probe overhead: {100 * overhead:+.2f}% of the step; goal <= {100 * GOAL:.0f}%: "
-          f"{'PASS' if ok else 'FAIL'}")
+          f"({len(bare)} interleaved runs of {steps} steps each); bare runs spread "
+          f"{100 * spread:.1f}% ({', '.join(f'{x * 1e3:.2f}' for x in bare)} ms)")
+    # probes only add work: a clearly negative "overhead" means the machine's noise is larger
+    # than the effect, and the run says nothing either way
+    verdict = "PASS" if -GOAL <= overhead <= GOAL else ("INCONCLUSIVE" if overhead < 0 else "FAIL")
+    ok = verdict != "FAIL"
+    print(f"probe overhead: {100 * overhead:+.2f}% of the step; goal <= {100 * GOAL:.0f}%: {verdict}")
     print(f"verdict on the reference: {d.bottleneck}, data wait {100 * d.shares['data_wait']:.1f}%")
     return 0 if ok or args.smoke else 1
 

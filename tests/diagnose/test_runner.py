@@ -146,3 +146,58 @@ def test_cli_bad_input_exits_2(tmp_path):
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2
     assert "steps=0 is invalid" in proc.stderr and "'nope.py' does not exist" in proc.stderr
+
+
+def test_cli_passes_options_after_the_script_to_the_script(tmp_path):
+    out = tmp_path / "argv.txt"
+    proc = subprocess.run([sys.executable, "-m", "looptune", "diagnose", "--steps", "50", "--warmup", "1",
+                           str(SCRIPTS / "short_argv.py"), "--steps", "9", "--out", str(out)],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert out.read_text().endswith("--steps 9 --out " + str(out))  # the script's --steps, not ours
+
+
+def test_cli_module_mode_passes_its_arguments(tmp_path):
+    out = tmp_path / "argv.txt"
+    proc = subprocess.run([sys.executable, "-m", "looptune", "diagnose", "--steps", "50", "--warmup", "1",
+                           "-m", "short_argv", "--steps", "9", "--out", str(out)],
+                          capture_output=True, text=True, timeout=300, cwd=SCRIPTS)
+    assert proc.returncode == 0, proc.stderr
+    assert "-m short_argv --steps 9" in proc.stdout and out.exists()
+
+
+def test_cli_exit_code_is_1_when_the_script_raised():
+    proc = subprocess.run([sys.executable, "-m", "looptune", "diagnose", "--steps", "50", "--warmup", "1",
+                           str(SCRIPTS / "raises.py")], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 1 and "planted failure at step 12" in proc.stdout
+
+
+def test_string_arguments_are_split_like_a_shell(tmp_path):
+    out = tmp_path / "argv.txt"
+    looptune.diagnose(str(SCRIPTS / "short_argv.py"), f"--steps 9 --out {out}", steps=50, warmup=2)
+    assert out.read_text().endswith(f"--steps 9 --out {out}")
+
+
+def test_watch_lets_the_blocks_own_exception_through():
+    with pytest.raises(ZeroDivisionError):
+        with looptune.watch(warmup=1):
+            1 / 0
+
+
+def test_a_script_that_catches_base_exceptions_is_still_bounded(tmp_path):
+    script = tmp_path / "greedy.py"
+    script.write_text(
+        "import torch\n"
+        "m = torch.nn.Linear(4, 2); o = torch.optim.SGD(m.parameters(), lr=0.1)\n"
+        "for i in range(60):\n"
+        "    try:\n"
+        "        o.zero_grad(); m(torch.randn(8, 4)).sum().backward(); o.step()\n"
+        "    except BaseException:\n"
+        "        pass\n")
+    d = looptune.diagnose(str(script), steps=8, warmup=2)
+    assert d.steps_measured == 8 and d.stopped == "steps"
+
+
+def test_verify_without_a_dataloader_remedy_says_so():
+    d = run("compute_heavy.py", steps=3, warmup=1, verify=True)
+    assert d.verify["remedy"] is None and "nothing was rerun" in d.verify["reason"]

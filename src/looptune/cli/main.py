@@ -31,6 +31,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if "diagnose" in argv[:1] or (argv and argv[0].startswith("-") and "diagnose" in argv):
+        argv = diagnose_cmd.split_argv(argv)  # the script's own options are not ours
     args = build_parser().parse_args(argv)
     try:
         return int(args.handler(args) or 0)

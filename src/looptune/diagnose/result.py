@@ -21,7 +21,7 @@ class Diagnosis:
     step_ms: float  # median wall time of a measured step
     phase_ms: dict[str, float]  # median ms per phase
     steps_measured: int
-    steps_requested: int
+    steps_requested: int | None  # None: measured for --seconds, not a step count
     warmup_steps: int
     evidence: dict[str, Any]  # the numbers behind the verdict
     findings: list[Finding]
@@ -42,4 +42,4 @@ class Diagnosis:
 
     def write_json(self, path: str | os.PathLike) -> None:
         """Atomic: an interrupted write never leaves half a file at ``path``."""
-        atomic_write_text(path, json.dumps(self.to_dict(), indent=2, default=str) + "\n")
+        atomic_write_text(path, json.dumps(self.to_dict(), indent=2, allow_nan=False) + "\n")

@@ -12,6 +12,7 @@ import contextlib
 import dataclasses
 import os
 import runpy
+import shlex
 import sys
 import time
 import traceback
@@ -33,31 +34,54 @@ from looptune.measure.provenance import provenance
 
 __all__ = ["diagnose", "watch", "check_target"]
 
+_UNBOUNDED = 10**12  # "steps" when only seconds bound the measurement
 TRACE_STEPS = 3  # steps inside the torch.profiler window (excluded from the measurement)
 # On CUDA the same window always runs: kernel time per step (the device's busy time) can only be
 # read from the profiler's CUPTI records; host clocks see launches, not kernels.
 
 
-def check_target(target: str | Callable, *, module: bool, steps: int, warmup: int,
-                 seconds: float | None) -> list[str]:
+def check_target(target: str | Callable, *, module: bool, steps: int | None, warmup: int,
+                 seconds: float | None, trace_dir: str | os.PathLike | None = None) -> list[str]:
     """Every problem with these arguments, before anything runs."""
     problems = []
     if module:
-        import importlib.util
-
-        if not isinstance(target, str) or importlib.util.find_spec(target) is None:
-            problems.append(f"-m {target!r}: no such module on sys.path. Check the name, or run "
-                            "from the folder that holds it.")
+        if not _module_exists(target):
+            problems.append(f"-m {target!r}: no such module on sys.path or in the current "
+                            "folder. Check the name, or run from the folder that holds it.")
     elif not callable(target) and not Path(target).is_file():
         problems.append(f"script {str(target)!r} does not exist or is not a file. Give the path "
                         "of the training script, e.g. looptune diagnose train.py.")
-    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
+    if steps is not None and (isinstance(steps, bool) or not isinstance(steps, int) or steps < 1):
         problems.append(f"steps={steps!r} is invalid: must be an integer >= 1, e.g. --steps 50.")
+    if steps is None and seconds is None:
+        problems.append("give steps or seconds: how long to measure, e.g. --steps 50.")
+    if trace_dir is not None and (Path(trace_dir).is_file() or _blocked(Path(trace_dir))):
+        problems.append(f"trace folder {str(trace_dir)!r} cannot be created (a file is in the way "
+                        "or its parent is not a writable folder). Choose another --trace DIR.")
     if isinstance(warmup, bool) or not isinstance(warmup, int) or warmup < 0:
         problems.append(f"warmup={warmup!r} is invalid: must be an integer >= 0, e.g. --warmup 5.")
     if seconds is not None and not (isinstance(seconds, (int, float)) and seconds > 0):
         problems.append(f"seconds={seconds!r} is invalid: must be > 0, e.g. --seconds 30.")
     return problems
+
+
+def _module_exists(name: object) -> bool:
+    import importlib.util
+
+    if not isinstance(name, str) or not name:
+        return False
+    sys.path.insert(0, os.getcwd())  # as `python -m` will
+    try:
+        return importlib.util.find_spec(name) is not None
+    except (ImportError, ValueError):  # a missing parent package, or a bad name
+        return False
+    finally:
+        sys.path.pop(0)
+
+
+def _blocked(folder: Path) -> bool:
+    parent = next((p for p in [folder, *folder.parents] if p.exists()), None)
+    return parent is None or not parent.is_dir() or not os.access(parent, os.W_OK)
 
 
 @dataclass
@@ -66,7 +90,7 @@ class _Schedule:
     profiler trace, measurement; and stops the script when enough was measured."""
 
     warmup: int
-    steps: int
+    steps: int  # a very large number when only seconds bound the measurement
     seconds: float | None
     trace_dir: Path | None
     device: torch.device
@@ -74,12 +98,18 @@ class _Schedule:
     device_busy_s: float | None = None  # CUDA: kernel time per step, from the profiler window
     first_measured: int | None = None  # 0-based index of the first measured sample
     stopped: str = "script_ended"
+    done: bool = False  # enough was measured; later steps (a script catching StopScript) ignored
     trace: dict[str, Any] | None = None
     memory: PeakMemory | None = None
     _flop_mode: Any = None
     _profiler: Any = None
     _t_measure: float = 0.0
     _exit_stack: list[Callable[[], None]] = field(default_factory=list)
+
+    def begin(self) -> None:
+        """Before the script runs: with no warm-up, step 1 is the FLOP-counted one."""
+        if self.warmup == 0:
+            self._start_flops()
 
     def on_step(self, n: int) -> None:
         w = self.warmup
@@ -95,17 +125,22 @@ class _Schedule:
             self.memory.start()
         self._maybe_stop(n)
 
+    def end(self, reason: str) -> None:
+        """How the script ended, unless the measurement had already ended it."""
+        if not self.done:
+            self.stopped = reason
+
     def _trace_steps(self) -> int:
         return TRACE_STEPS if self.trace_dir is not None or self.device.type == "cuda" else 0
 
     def _maybe_stop(self, n: int) -> None:
         if self.first_measured is None:
             return
-        if n - self.first_measured >= self.steps:
-            self.stopped = "steps"
-            raise StopScript
+        if self.done or n - self.first_measured >= self.steps:
+            self.stopped, self.done = self.stopped if self.done else "steps", True
+            raise StopScript  # again, if the script caught it and went on
         if self.seconds is not None and time.perf_counter() - self._t_measure >= self.seconds:
-            self.stopped = "seconds"
+            self.stopped, self.done = "seconds", True
             raise StopScript
 
     def _start_flops(self) -> None:
@@ -136,9 +171,8 @@ class _Schedule:
             return
         self._profiler.stop()
         averages = self._profiler.key_averages()
-        if self.device.type == "cuda":  # self device time: each kernel counted once, in us
-            kernel_us = sum(getattr(e, "self_device_time_total", 0.0) for e in averages)
-            self.device_busy_s = kernel_us / 1e6 / TRACE_STEPS
+        if self.device.type == "cuda":
+            self.device_busy_s = _kernel_seconds(self._profiler.events()) / TRACE_STEPS
         if self.trace_dir is None:
             self._profiler = None
             return
@@ -159,9 +193,25 @@ class _Schedule:
             self._profiler = None
 
 
+def _kernel_seconds(events) -> float:
+    """Device time of the kernels in a profiler window, each counted once: device-side events
+    only (not the CPU ops that launched them), no annotations, no copies (those are the h2d phase)."""
+    from torch.autograd import DeviceType
+
+    total_us = 0.0
+    for e in events:
+        if e.device_type != DeviceType.CUDA or getattr(e, "is_user_annotation", False):
+            continue
+        if "memcpy" in e.name.lower() or "memset" in e.name.lower():
+            continue
+        total_us += e.time_range.elapsed_us()
+    return total_us / 1e6
+
+
 @contextlib.contextmanager
 def _script_env(target: str | Callable, args: Sequence[str], module: bool) -> Iterator[Callable]:
     saved_argv, saved_path, threads = sys.argv[:], sys.path[:], torch.get_num_threads()
+    modules_before = set(sys.modules)
     try:
         if callable(target):
             sys.argv = [getattr(target, "__name__", "<callable>"), *args]
@@ -178,6 +228,19 @@ def _script_env(target: str | Callable, args: Sequence[str], module: bool) -> It
         sys.argv[:] = saved_argv
         sys.path[:] = saved_path
         torch.set_num_threads(threads)  # a script may change it; this process goes on after
+        _forget_user_modules(modules_before)
+
+
+def _forget_user_modules(before: set[str]) -> None:
+    """Drop modules the script imported from outside site-packages and the standard library, so
+    a rerun (--verify) or the next script imports them afresh, as a new process would."""
+    import sysconfig
+
+    system = {sysconfig.get_paths()[k] for k in ("stdlib", "platstdlib", "purelib", "platlib")}
+    for name in set(sys.modules) - before:
+        path = getattr(sys.modules[name], "__file__", None) or ""
+        if path and not any(path.startswith(root) for root in system) and "looptune" not in name:
+            del sys.modules[name]
 
 
 @dataclass
@@ -199,14 +262,17 @@ def _run_once(target, args, *, module, steps, warmup, seconds, trace_dir,
     error, oom = None, False
     with _script_env(target, args, module) as run, probes, _loader_overrides(loader_overrides):
         try:
+            schedule.begin()
             run()
         except StopScript:
             pass
         except SystemExit as exc:
-            schedule.stopped = "script_ended" if exc.code in (0, None) else f"exit {exc.code}"
+            schedule.end("script_ended" if exc.code in (0, None) else f"exit {exc.code}")
+        except KeyboardInterrupt:  # Ctrl-C: report what was measured so far
+            schedule.end("interrupted")
         except Exception as exc:  # the user's script failed: report it with what was measured
             oom = isinstance(exc, torch.OutOfMemoryError)
-            schedule.stopped = "error"
+            schedule.end("error")
             error = "".join(traceback.format_exception_only(type(exc), exc)).strip()
         finally:
             schedule.close()
@@ -225,7 +291,8 @@ def _collect(schedule: _Schedule, probes: StepProbes, *, error, oom, device) -> 
         measured = [dataclasses.replace(s, device_busy_s=schedule.device_busy_s) for s in measured]
     mem = schedule.memory.read() if schedule.memory else PeakMemory(device).read()
     measurements = Measurements(
-        steps=measured, warmup_steps=schedule.warmup, loaders=list(probes.loaders.values()),
+        steps=measured, warmup_steps=schedule.warmup,
+        loaders=[probes.loaders[k] for k in sorted(probes.loaders, key=lambda k: -probes.batches[k])],
         flops_per_step=schedule.flops, matmul_flops_per_s=env_probe.matmul_rate(device),
         peak_mem_bytes=mem.peak_bytes, mem_limit_bytes=env_probe.memory_limit(device),
         alloc_retries=env_probe.alloc_retries(device), oom=oom, env=env_probe.environment(device))
@@ -236,7 +303,8 @@ def _collect(schedule: _Schedule, probes: StepProbes, *, error, oom, device) -> 
 def _measured(samples: list, schedule: _Schedule) -> list:
     """The measured samples; if the script ended early, the best the run allows."""
     if schedule.first_measured is not None and len(samples) > schedule.first_measured:
-        return samples[schedule.first_measured:]
+        first = schedule.first_measured
+        return samples[first: first + schedule.steps]  # none past the limit, caught or not
     after_warmup = samples[schedule.warmup + 1:]  # skip warm-up and the FLOP-counted step
     return after_warmup or samples[1:] or samples
 
@@ -265,15 +333,16 @@ def _loader_overrides(overrides: dict[str, Any] | None) -> Iterator[None]:
         DataLoader.__init__ = original
 
 
-def diagnose(target: str | Callable, args: Sequence[str] = (), *, module: bool = False,
-             steps: int = 50, warmup: int = 5, seconds: float | None = None,
+def diagnose(target: str | Callable, args: Sequence[str] | str = (), *, module: bool = False,
+             steps: int | None = 50, warmup: int = 5, seconds: float | None = None,
              trace_dir: str | os.PathLike | None = None, verify: bool = False) -> Diagnosis:
     """Run a training script (or callable) unchanged and say where each step's time goes.
 
     Args:
         target: a script path, a module name with ``module=True``, or a callable.
         args: the script's command-line arguments (``sys.argv[1:]``).
-        steps: optimizer steps to measure after warm-up (fewer if the script ends first).
+        steps: optimizer steps to measure after warm-up (fewer if the script ends first);
+            None with ``seconds``: measure for that long, however many steps it is.
         warmup: optimizer steps skipped before measuring (start-up, first-call costs).
         seconds: stop measuring after this long instead, if reached before ``steps``.
         trace_dir: also record a torch.profiler trace of a few steps there (Chrome/Perfetto).
@@ -290,9 +359,12 @@ def diagnose(target: str | Callable, args: Sequence[str] = (), *, module: bool =
         >>> d = looptune.diagnose("train.py", ["--epochs", "1"], steps=30)  # doctest: +SKIP
         >>> d.bottleneck, d.remedies[0].action
     """
-    problems = check_target(target, module=module, steps=steps, warmup=warmup, seconds=seconds)
+    problems = check_target(target, module=module, steps=steps, warmup=warmup, seconds=seconds,
+                            trace_dir=trace_dir)
     if problems:
         raise ConfigError(problems)
+    args = shlex.split(args) if isinstance(args, str) else list(args)  # "--lr 1" is two args
+    steps = _UNBOUNDED if steps is None else steps
     trace_path = None if trace_dir is None else Path(trace_dir)
     run = _run_once(target, args, module=module, steps=steps, warmup=warmup, seconds=seconds,
                     trace_dir=trace_path)
@@ -307,12 +379,28 @@ def _verify(target, args, module, steps, warmup, seconds, verdict, before: _Run)
     if remedy is None:
         return {"remedy": None, "reason": "no DataLoader remedy to apply; nothing was rerun"}
     overrides = parse_loader_action(remedy.action)
-    after = _run_once(target, args, module=module, steps=steps, warmup=warmup, seconds=seconds,
-                      trace_dir=None, loader_overrides=overrides)
+    out = {"remedy": remedy.action, "overrides": overrides, "before_step_ms": verdict.step_ms,
+           "expected_speedup": remedy.expected_speedup}
+    try:
+        after = _run_once(target, args, module=module, steps=steps, warmup=warmup,
+                          seconds=seconds, trace_dir=None, loader_overrides=overrides)
+    except MeasurementError as err:  # the rerun never reached a step: keep the first diagnosis
+        return {**out, "after_step_ms": None, "speedup": None, "error": str(err)}
+    applied = any(_matches(info, overrides) for info in after.measurements.loaders)
+    complete = after.error is None and len(after.step_s) >= min(steps, len(before.step_s))
     after_ms = 1000 * _median(after.step_s)
-    return {"remedy": remedy.action, "overrides": overrides, "before_step_ms": verdict.step_ms,
-            "after_step_ms": after_ms, "speedup": verdict.step_ms / after_ms,
-            "expected_speedup": remedy.expected_speedup, "after_steps_measured": len(after.step_s)}
+    out.update(after_step_ms=after_ms, after_steps_measured=len(after.step_s),
+               after_stopped=after.stopped, after_error=after.error, applied=applied)
+    # a speedup only for a complete rerun that really built its DataLoader with the remedy
+    out["speedup"] = verdict.step_ms / after_ms if applied and complete else None
+    if not applied:
+        out["reason"] = ("no DataLoader was constructed during the rerun with the remedy's "
+                         "settings (created once at import, or reused): nothing to compare")
+    return out
+
+
+def _matches(info, overrides: dict[str, Any]) -> bool:
+    return all(getattr(info, k, v) == v for k, v in overrides.items())
 
 
 def parse_loader_action(action: str) -> dict[str, Any]:
@@ -337,7 +425,8 @@ def _diagnosis(target, args, module, steps, run: _Run, verdict, checked) -> Diag
     device = torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
     return Diagnosis(
         bottleneck=verdict.bottleneck, shares=verdict.shares, step_ms=verdict.step_ms,
-        phase_ms=verdict.phase_ms, steps_measured=len(m.steps), steps_requested=steps,
+        phase_ms=verdict.phase_ms, steps_measured=len(m.steps),
+        steps_requested=None if steps == _UNBOUNDED else steps,
         warmup_steps=m.warmup_steps, evidence=verdict.evidence, findings=verdict.findings,
         remedies=verdict.remedies, loaders=m.loaders, step_s=run.step_s,
         peak_mem_bytes=m.peak_mem_bytes, peak_mem_kind=run.peak_kind,
@@ -348,6 +437,9 @@ def _diagnosis(target, args, module, steps, run: _Run, verdict, checked) -> Diag
 class watch:
     """Diagnose the training code run inside ``with`` (e.g. in a notebook).
 
+    The block runs unchanged; after it, ``w.diagnosis`` holds the same :class:`Diagnosis` as
+    :func:`diagnose`. With ``steps``, the block is stopped once that many steps were measured.
+
     Example:
         >>> with looptune.watch(warmup=3) as w:   # doctest: +SKIP
         ...     train_one_epoch(model, loader)
@@ -355,8 +447,10 @@ class watch:
     """
 
     def __init__(self, *, warmup: int = 5, steps: int | None = None) -> None:
-        problems = check_target(lambda: None, module=False, steps=steps or 1, warmup=warmup,
-                                seconds=None)
+        problems = check_target(lambda: None, module=False, steps=steps or _UNBOUNDED,
+                                warmup=warmup, seconds=None)
+        if steps is not None and (isinstance(steps, bool) or not isinstance(steps, int) or steps < 1):
+            problems.append(f"steps={steps!r} is invalid: an integer >= 1, or None for no limit.")
         if problems:
             raise ConfigError(problems)
         self.warmup, self.steps = warmup, steps
@@ -364,16 +458,22 @@ class watch:
 
     def __enter__(self) -> watch:
         device = torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
-        self._schedule = _Schedule(self.warmup, self.steps or 10**12, None, None, device)
+        self._schedule = _Schedule(self.warmup, self.steps or _UNBOUNDED, None, None, device)
         self._probes = StepProbes(on_step=self._schedule.on_step).__enter__()
+        self._schedule.begin()
         return self
 
     def __exit__(self, exc_type, exc, tb) -> bool:
         self._probes.__exit__(exc_type, exc, tb)
         self._schedule.close()
-        swallowed = exc_type is StopScript  # the step limit ended the block: not an error
-        error = None if exc is None or swallowed else f"{exc_type.__name__}: {exc}"
+        stopped = exc_type is StopScript  # the step limit ended the block: not an error
+        error = None if exc is None or stopped else f"{exc_type.__name__}: {exc}"
+        if error:
+            self._schedule.end("error")
+        if not self._probes.samples:
+            return stopped  # nothing measured: the block's own exception (if any) goes on
         device = self._schedule.device
         run = _collect(self._schedule, self._probes, error=error, oom=False, device=device)
-        self.diagnosis = _diagnosis("watch", (), False, len(run.step_s), run, analyze(run.measurements), None)
-        return swallowed
+        self.diagnosis = _diagnosis("watch", (), False, self.steps or _UNBOUNDED, run,
+                                    analyze(run.measurements), None)
+        return stopped  # any other exception propagates, after the diagnosis was taken

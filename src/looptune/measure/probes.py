@@ -15,6 +15,7 @@ Each probe costs a ``perf_counter`` pair and a Python call (~1 us), far below a 
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -45,7 +46,12 @@ class StepProbes:
         self.on_step = on_step
         self.samples: list[StepSample] = []
         self.loaders: dict[int, LoaderInfo] = {}
+        self.batches: dict[int, int] = {}  # batches drawn per loader: the training loader leads
         self.steps = 0
+        # the thread that trains and the optimizer whose step ends a step: waits on other threads
+        # (a prefetcher) and a second optimizer (a GAN's) must not split or inflate the step
+        self._thread = threading.main_thread().ident
+        self._optimizer: int | None = None
         self._restore: list[Callable[[], None]] = []
         self._in_sync = self._in_data = False
         self._reset(time.perf_counter())
@@ -87,6 +93,10 @@ class StepProbes:
 
     # -- step boundary ---------------------------------------------------------------------
     def _step_hook(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        if self._optimizer is None:
+            self._optimizer, self._thread = id(optimizer), threading.get_ident()
+        elif id(optimizer) != self._optimizer:
+            return  # another optimizer in the same iteration: the first one marks the step
         now = time.perf_counter()
         self.samples.append(StepSample(
             step_s=now - self._t_last, data_wait_s=self._wait, h2d_s=self._h2d,
@@ -102,6 +112,8 @@ class StepProbes:
         probes = self
 
         def __next__(it):
+            if threading.get_ident() != probes._thread:
+                return original(it)  # a background thread's loading is not the step's wait
             t0 = time.perf_counter()
             outer, probes._in_data = probes._in_data, True  # loading is data wait, not syncs
             try:
@@ -118,6 +130,8 @@ class StepProbes:
         def __iter__(loader):
             if id(loader) not in probes.loaders:
                 probes.loaders[id(loader)] = _loader_info(loader)
+            probes.batches.setdefault(id(loader), 0)
+            probes.batches[id(loader)] += len(loader) if hasattr(loader, "__len__") else 1
             return original(loader)
 
         return __iter__
@@ -129,7 +143,8 @@ class StepProbes:
             def probe(tensor, *args, **kwargs):
                 # a CPU tensor has nothing to wait for; nested calls (__repr__ -> .tolist()) and
                 # reads inside the data loader (already data wait) are not counted again
-                if probes._in_sync or probes._in_data or tensor.device.type == "cpu":
+                if (probes._in_sync or probes._in_data or tensor.device.type == "cpu"
+                        or threading.get_ident() != probes._thread):
                     return original(tensor, *args, **kwargs)
                 probes._in_sync = True
                 t0 = time.perf_counter()
@@ -150,7 +165,9 @@ class StepProbes:
 
         def make(original: Callable) -> Callable:
             def probe(tensor, *args, **kwargs):
-                if tensor.device.type != "cpu" or not _targets_cuda(name, args, kwargs):
+                if (probes._in_data or tensor.device.type != "cpu"  # in next(): data wait
+                        or threading.get_ident() != probes._thread
+                        or not _targets_cuda(name, args, kwargs)):
                     return original(tensor, *args, **kwargs)
                 t0 = time.perf_counter()
                 out = original(tensor, *args, **kwargs)
@@ -187,11 +204,20 @@ def _loader_info(loader: DataLoader) -> LoaderInfo:
 
 
 def _first_batch_bytes(loader: DataLoader) -> int | None:
-    """Bytes of one batch, estimated from one sample x batch size (no batch is drawn twice)."""
+    """Bytes of one batch, estimated from one sample x batch size (no batch is drawn twice).
+
+    The RNG states are restored afterwards: a random augmentation in ``__getitem__`` must not
+    shift the script's random stream (the probes must not change its results).
+    """
+    from looptune.engine.checkpoint import rng_state, set_rng_state
+
+    saved = rng_state()
     try:
         sample = loader.dataset[0]
     except Exception:  # iterable datasets, or __getitem__ that needs more: unknown
         return None
+    finally:
+        set_rng_state(saved)
     size = _tensor_bytes(sample)
     return None if size == 0 or loader.batch_size is None else size * loader.batch_size
 
