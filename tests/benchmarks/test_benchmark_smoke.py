@@ -39,4 +39,5 @@ def test_diagnose_overhead_smoke(mnist_dir):
     proc = subprocess.run([sys.executable, str(BENCHMARKS / "diagnose_overhead.py"), "--smoke",
                            "--data", str(mnist_dir)], capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr
-    assert "probe overhead" in proc.stdout and "verdict on the reference: data_loading" in proc.stdout
+    assert "accounting:" in proc.stdout and "A/B probe overhead" in proc.stdout
+    assert "verdict on the reference: data_loading" in proc.stdout
