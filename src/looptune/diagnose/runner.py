@@ -14,10 +14,9 @@ import os
 import runpy
 import shlex
 import sys
-import time
 import traceback
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +25,7 @@ import torch
 from looptune.diagnose import env as env_probe
 from looptune.diagnose.model import Measurements
 from looptune.diagnose.result import Diagnosis
+from looptune.diagnose.schedule import UNBOUNDED, Schedule
 from looptune.diagnose.verdict import analyze
 from looptune.errors import ConfigError, MeasurementError
 from looptune.measure.memory import PeakMemory
@@ -34,10 +34,6 @@ from looptune.measure.provenance import provenance
 
 __all__ = ["diagnose", "watch", "check_target"]
 
-_UNBOUNDED = 10**12  # "steps" when only seconds bound the measurement
-TRACE_STEPS = 3  # steps inside the torch.profiler window (excluded from the measurement)
-# On CUDA the same window always runs: kernel time per step (the device's busy time) can only be
-# read from the profiler's CUPTI records; host clocks see launches, not kernels.
 
 
 def check_target(target: str | Callable, *, module: bool, steps: int | None, warmup: int,
@@ -82,130 +78,6 @@ def _module_exists(name: object) -> bool:
 def _blocked(folder: Path) -> bool:
     parent = next((p for p in [folder, *folder.parents] if p.exists()), None)
     return parent is None or not parent.is_dir() or not os.access(parent, os.W_OK)
-
-
-@dataclass
-class _Schedule:
-    """Decides, at each step boundary, what the next steps are for: warm-up, FLOP count,
-    profiler trace, measurement; and stops the script when enough was measured."""
-
-    warmup: int
-    steps: int  # a very large number when only seconds bound the measurement
-    seconds: float | None
-    trace_dir: Path | None
-    device: torch.device
-    flops: float | None = None
-    device_busy_s: float | None = None  # CUDA: kernel time per step, from the profiler window
-    first_measured: int | None = None  # 0-based index of the first measured sample
-    stopped: str = "script_ended"
-    done: bool = False  # enough was measured; later steps (a script catching StopScript) ignored
-    trace: dict[str, Any] | None = None
-    memory: PeakMemory | None = None
-    _flop_mode: Any = None
-    _profiler: Any = None
-    _t_measure: float = 0.0
-    _exit_stack: list[Callable[[], None]] = field(default_factory=list)
-
-    def begin(self) -> None:
-        """Before the script runs: with no warm-up, step 1 is the FLOP-counted one."""
-        if self.warmup == 0:
-            self._start_flops()
-
-    def on_step(self, n: int) -> None:
-        w = self.warmup
-        if n == w:  # the next step runs under FlopCounterMode (slower: not measured)
-            self._start_flops()
-        elif n == w + 1:
-            self._stop_flops()
-            self._start_trace()
-        if n == w + 1 + self._trace_steps():
-            self._stop_trace()
-            self.first_measured, self._t_measure = n, time.perf_counter()
-            self.memory = PeakMemory(self.device)
-            self.memory.start()
-        self._maybe_stop(n)
-
-    def end(self, reason: str) -> None:
-        """How the script ended, unless the measurement had already ended it."""
-        if not self.done:
-            self.stopped = reason
-
-    def _trace_steps(self) -> int:
-        return TRACE_STEPS if self.trace_dir is not None or self.device.type == "cuda" else 0
-
-    def _maybe_stop(self, n: int) -> None:
-        if self.first_measured is None:
-            return
-        if self.done or n - self.first_measured >= self.steps:
-            self.stopped, self.done = self.stopped if self.done else "steps", True
-            raise StopScript  # again, if the script caught it and went on
-        if self.seconds is not None and time.perf_counter() - self._t_measure >= self.seconds:
-            self.stopped, self.done = "seconds", True
-            raise StopScript
-
-    def _start_flops(self) -> None:
-        from torch.utils.flop_counter import FlopCounterMode
-
-        self._flop_mode = FlopCounterMode(display=False)
-        self._flop_mode.__enter__()
-
-    def _stop_flops(self) -> None:
-        if self._flop_mode is not None:
-            self._flop_mode.__exit__(None, None, None)
-            self.flops = float(self._flop_mode.get_total_flops()) or None
-            self._flop_mode = None
-
-    def _start_trace(self) -> None:
-        if self._trace_steps() == 0:
-            return
-        from torch.profiler import ProfilerActivity, profile
-
-        activities = [ProfilerActivity.CPU]
-        if self.device.type == "cuda":
-            activities.append(ProfilerActivity.CUDA)
-        self._profiler = profile(activities=activities, record_shapes=True)
-        self._profiler.start()
-
-    def _stop_trace(self) -> None:
-        if self._profiler is None:
-            return
-        self._profiler.stop()
-        averages = self._profiler.key_averages()
-        if self.device.type == "cuda":
-            self.device_busy_s = _kernel_seconds(self._profiler.events()) / TRACE_STEPS
-        if self.trace_dir is None:
-            self._profiler = None
-            return
-        self.trace_dir.mkdir(parents=True, exist_ok=True)
-        path = self.trace_dir / "trace.json"
-        self._profiler.export_chrome_trace(str(path))
-        key = "self_device_time_total" if self.device.type == "cuda" else "self_cpu_time_total"
-        table = averages.table(sort_by=key, row_limit=15)
-        self.trace = {"chrome_trace": str(path), "steps": TRACE_STEPS, "top_ops": table,
-                      "open_with": "https://ui.perfetto.dev or chrome://tracing"}
-        self._profiler = None
-
-    def close(self) -> None:
-        """Leave no FlopCounterMode or profiler running if the script ended inside a window."""
-        self._stop_flops()
-        if self._profiler is not None:
-            self._profiler.stop()
-            self._profiler = None
-
-
-def _kernel_seconds(events) -> float:
-    """Device time of the kernels in a profiler window, each counted once: device-side events
-    only (not the CPU ops that launched them), no annotations, no copies (those are the h2d phase)."""
-    from torch.autograd import DeviceType
-
-    total_us = 0.0
-    for e in events:
-        if e.device_type != DeviceType.CUDA or getattr(e, "is_user_annotation", False):
-            continue
-        if "memcpy" in e.name.lower() or "memset" in e.name.lower():
-            continue
-        total_us += e.time_range.elapsed_us()
-    return total_us / 1e6
 
 
 @contextlib.contextmanager
@@ -257,7 +129,7 @@ class _Run:
 def _run_once(target, args, *, module, steps, warmup, seconds, trace_dir,
               loader_overrides: dict[str, Any] | None = None) -> _Run:
     device = torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
-    schedule = _Schedule(warmup, steps, seconds, trace_dir, device)
+    schedule = Schedule(warmup, steps, seconds, trace_dir, device)
     probes = StepProbes(on_step=schedule.on_step)
     error, oom = None, False
     with _script_env(target, args, module) as run, probes, _loader_overrides(loader_overrides):
@@ -279,7 +151,7 @@ def _run_once(target, args, *, module, steps, warmup, seconds, trace_dir,
     return _collect(schedule, probes, error=error, oom=oom, device=device)
 
 
-def _collect(schedule: _Schedule, probes: StepProbes, *, error, oom, device) -> _Run:
+def _collect(schedule: Schedule, probes: StepProbes, *, error, oom, device) -> _Run:
     samples = probes.samples
     if not samples:
         raise MeasurementError(
@@ -300,7 +172,7 @@ def _collect(schedule: _Schedule, probes: StepProbes, *, error, oom, device) -> 
                 schedule.trace, len(samples))
 
 
-def _measured(samples: list, schedule: _Schedule) -> list:
+def _measured(samples: list, schedule: Schedule) -> list:
     """The measured samples; if the script ended early, the best the run allows."""
     if schedule.first_measured is not None and len(samples) > schedule.first_measured:
         first = schedule.first_measured
@@ -364,7 +236,7 @@ def diagnose(target: str | Callable, args: Sequence[str] | str = (), *, module: 
     if problems:
         raise ConfigError(problems)
     args = shlex.split(args) if isinstance(args, str) else list(args)  # "--lr 1" is two args
-    steps = _UNBOUNDED if steps is None else steps
+    steps = UNBOUNDED if steps is None else steps
     trace_path = None if trace_dir is None else Path(trace_dir)
     run = _run_once(target, args, module=module, steps=steps, warmup=warmup, seconds=seconds,
                     trace_dir=trace_path)
@@ -426,7 +298,7 @@ def _diagnosis(target, args, module, steps, run: _Run, verdict, checked) -> Diag
     return Diagnosis(
         bottleneck=verdict.bottleneck, shares=verdict.shares, step_ms=verdict.step_ms,
         phase_ms=verdict.phase_ms, steps_measured=len(m.steps),
-        steps_requested=None if steps == _UNBOUNDED else steps,
+        steps_requested=None if steps == UNBOUNDED else steps,
         warmup_steps=m.warmup_steps, evidence=verdict.evidence, findings=verdict.findings,
         remedies=verdict.remedies, loaders=m.loaders, step_s=run.step_s,
         peak_mem_bytes=m.peak_mem_bytes, peak_mem_kind=run.peak_kind,
@@ -447,7 +319,7 @@ class watch:
     """
 
     def __init__(self, *, warmup: int = 5, steps: int | None = None) -> None:
-        problems = check_target(lambda: None, module=False, steps=steps or _UNBOUNDED,
+        problems = check_target(lambda: None, module=False, steps=steps or UNBOUNDED,
                                 warmup=warmup, seconds=None)
         if steps is not None and (isinstance(steps, bool) or not isinstance(steps, int) or steps < 1):
             problems.append(f"steps={steps!r} is invalid: an integer >= 1, or None for no limit.")
@@ -458,7 +330,7 @@ class watch:
 
     def __enter__(self) -> watch:
         device = torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
-        self._schedule = _Schedule(self.warmup, self.steps or _UNBOUNDED, None, None, device)
+        self._schedule = Schedule(self.warmup, self.steps or UNBOUNDED, None, None, device)
         self._probes = StepProbes(on_step=self._schedule.on_step).__enter__()
         self._schedule.begin()
         return self
@@ -474,6 +346,6 @@ class watch:
             return stopped  # nothing measured: the block's own exception (if any) goes on
         device = self._schedule.device
         run = _collect(self._schedule, self._probes, error=error, oom=False, device=device)
-        self.diagnosis = _diagnosis("watch", (), False, self.steps or _UNBOUNDED, run,
+        self.diagnosis = _diagnosis("watch", (), False, self.steps or UNBOUNDED, run,
                                     analyze(run.measurements), None)
         return stopped  # any other exception propagates, after the diagnosis was taken
