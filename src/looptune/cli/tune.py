@@ -1,0 +1,124 @@
+"""``looptune tune loader|batch-size``: measured settings, each with its reason."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from rich.table import Table
+
+from looptune._io import atomic_write_text, writable_problem
+from looptune.errors import ConfigError
+from looptune.report.render import wide_console
+from looptune.tune.factory import build_dataset, build_model, spec_problem
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("tune", help="measure DataLoader settings or the batch size, recommend one",
+                       description="Measure on your data and hardware, recommend the fastest "
+                                   "settings, and say why for each.")
+    kinds = p.add_subparsers(dest="what", required=True, metavar="WHAT")
+    loader = kinds.add_parser("loader", help="num_workers, prefetch, persistent, pin, batched reads")
+    _common(loader)
+    loader.add_argument("--batch-size", type=int, default=64, help="batch size of every trial")
+    loader.add_argument("--budget-s", type=float, default=60.0, help="time budget in seconds")
+    loader.set_defaults(handler=run_loader)
+    batch = kinds.add_parser("batch-size", help="the throughput knee within the memory headroom")
+    _common(batch)
+    batch.add_argument("--max-memory-fraction", type=float, default=0.9,
+                       help="use at most this share of device memory (default 0.9)")
+    batch.add_argument("--keep-effective", type=int, default=None, metavar="BATCH",
+                       help="also propose accumulation steps that keep this effective batch")
+    batch.add_argument("--budget-s", type=float, default=None, help="time budget in seconds")
+    batch.set_defaults(handler=run_batch)
+
+
+def _common(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--dataset", metavar="MODULE:FACTORY", default=None,
+                   help="a callable returning a map-style Dataset of (input, target)")
+    p.add_argument("--model", metavar="MODULE:FACTORY", default=None,
+                   help="a callable returning the model (measures with a training step)")
+    p.add_argument("--workload", default=None, help="a built-in target instead: mnist-mlp")
+    p.add_argument("--data", metavar="DIR", default=None, help="MNIST folder for --workload")
+    p.add_argument("--device", default="auto", help="auto | cpu | cuda")
+    p.add_argument("--json", metavar="PATH", default=None, help="write the result here (atomic)")
+
+
+def _targets(args: argparse.Namespace, need_model: bool):
+    problems = []
+    if args.workload is None and args.dataset is None:
+        problems.append("give --dataset MODULE:FACTORY (or --workload mnist-mlp).")
+    if args.workload is not None and args.dataset is not None:
+        problems.append("give --dataset or --workload, not both.")
+    if args.dataset is not None:
+        problems += [p for p in [spec_problem(args.dataset, "--dataset")] if p]
+    if args.model is not None:
+        problems += [p for p in [spec_problem(args.model, "--model")] if p]
+    if need_model and args.model is None and args.workload is None:
+        problems.append("tune batch-size needs --model MODULE:FACTORY (or --workload mnist-mlp).")
+    if args.json is not None:
+        problems += [p for p in [writable_problem(args.json, "--json")] if p]
+    if problems:
+        raise ConfigError(problems)
+    if args.workload is not None:
+        return _workload(args)
+    model = build_model(args.model) if args.model else None
+    return build_dataset(args.dataset), model
+
+
+def _workload(args: argparse.Namespace):
+    from looptune.bench.workloads import get_workload
+    from looptune.data.loaders import PerSampleImages
+
+    spec = get_workload(args.workload)
+    train, _ = spec.load(data_dir=args.data)
+    model = build_model(args.model) if args.model else spec.build_model()
+    return PerSampleImages(train), model  # the reference's per-sample pipeline
+
+
+def run_loader(args: argparse.Namespace) -> int:
+    from looptune.tune.loader import tune_loader
+
+    dataset, model = _targets(args, need_model=False)
+    result = tune_loader(dataset, batch_size=args.batch_size, model=model, device=args.device,
+                         budget_s=args.budget_s)
+    console = wide_console()
+    console.print(_decisions_table(result.decisions))
+    console.print(f"measured {len(result.trials)} settings in {result.elapsed_s:.1f} s"
+                  f" ({'with a training step' if result.end_to_end else 'loading only'})")
+    console.print(result.line, highlight=False, markup=False)
+    _write(args.json, result.to_dict())
+    return 0
+
+
+def run_batch(args: argparse.Namespace) -> int:
+    from looptune.tune.batch import tune_batch_size
+
+    dataset, model = _targets(args, need_model=True)
+    result = tune_batch_size(model, dataset, device=args.device,
+                             max_memory_fraction=args.max_memory_fraction,
+                             keep_effective=args.keep_effective, budget_s=args.budget_s)
+    console = wide_console()
+    console.print(_decisions_table(result.decisions))
+    console.print(f"recommended: {result.recommended}", highlight=False, markup=False)
+    _write(args.json, {"recommended": result.recommended, "trials": result.trials,
+                       "decisions": [d.__dict__ for d in result.decisions]})
+    return 0
+
+
+def _decisions_table(decisions) -> Table:
+    table = Table(title="decisions", title_justify="left")
+    for col in ("setting", "value", "reason"):
+        table.add_column(col)
+    for d in decisions:
+        table.add_row(d.name, repr(d.value), d.reason)
+    return table
+
+
+def _write(path: str | None, data: dict) -> None:
+    if path is not None:
+        atomic_write_text(path, json.dumps(data, indent=2, default=_plain) + "\n")
+
+
+def _plain(value):
+    return value.__dict__ if hasattr(value, "__dict__") else str(value)

@@ -1,0 +1,1 @@
+"""Tune: measure DataLoader settings and batch sizes on the user's data and hardware."""

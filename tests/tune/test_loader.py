@@ -1,0 +1,139 @@
+import json
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+import torch
+from torch.utils.data import Dataset, TensorDataset, get_worker_info
+
+import looptune
+from looptune.tune import loader as tl
+from looptune.tune.factory import build_dataset, build_model
+
+
+def cheap(n=4096):
+    return TensorDataset(torch.randn(n, 16), torch.randint(0, 2, (n,)))
+
+
+class FailsInWorkers(Dataset):
+    def __len__(self):
+        return 4096
+
+    def __getitem__(self, i):
+        if get_worker_info() is not None:
+            raise ValueError("planted: this dataset cannot be read in a worker")
+        return torch.zeros(16), 0
+
+
+class HangsInWorkers(FailsInWorkers):
+    def __getitem__(self, i):
+        if get_worker_info() is not None:
+            time.sleep(60)
+        return torch.zeros(16), 0
+
+
+class Batched(Dataset):
+    def __init__(self):
+        self.x, self.y = torch.randn(4096, 16), torch.randint(0, 2, (4096,))
+
+    def __len__(self):
+        return 4096
+
+    def __getitem__(self, i):
+        return self.x[i], self.y[i]
+
+    def __getitems__(self, idx):
+        return list(zip(self.x[idx], self.y[idx]))
+
+
+def _kwargs(line):
+    call = __import__("ast").parse(line.split("  #")[0], mode="eval").body
+    return {k.arg: __import__("ast").literal_eval(k.value) for k in call.keywords}
+
+
+def test_search_recommends_measured_settings_with_reasons():
+    res = looptune.tune_loader(cheap(), batch_size=64, model=torch.nn.Linear(16, 2), device="cpu",
+                               budget_s=20, batches=10, repeats=1)
+    assert res.trials[0]["num_workers"] == 0 and all(t["samples_per_s"] for t in res.trials)
+    names = [d.name for d in res.decisions]
+    assert names[0] == "num_workers" and "pin_memory" in names
+    assert all(d.reason for d in res.decisions)
+    assert res.decisions[0].evidence[0]["samples_per_s"] > 0
+    assert _kwargs(res.line) == {"batch_size": 64, "shuffle": True, **res.recommended}
+    assert res.end_to_end
+
+
+def test_the_callers_model_is_untouched():
+    model = torch.nn.Linear(16, 2)
+    before = [p.detach().clone() for p in model.parameters()]
+    looptune.tune_loader(cheap(), model=model, device="cpu", budget_s=10, batches=5, repeats=1, max_workers=0)
+    assert all(torch.equal(a, b) for a, b in zip(before, model.parameters()))
+
+
+def test_a_worker_crash_is_a_failed_trial_and_the_search_goes_on():
+    res = looptune.tune_loader(FailsInWorkers(), device="cpu", budget_s=30, batches=5, repeats=1,
+                               max_workers=1)
+    failed = [t for t in res.trials if t["status"] == "failed"]
+    assert failed and "planted" in failed[0]["reason"]
+    assert res.recommended["num_workers"] == 0 and "failed" in res.decisions[0].reason
+
+
+def test_a_hung_worker_times_out(monkeypatch):
+    monkeypatch.setattr(tl, "WORKER_TIMEOUT_S", 2)
+    res = looptune.tune_loader(HangsInWorkers(), device="cpu", budget_s=30, batches=5, repeats=1,
+                               max_workers=1)
+    hung = [t for t in res.trials if t["num_workers"] == 1][0]
+    assert hung["status"] == "failed" and "timed out" in hung["reason"].lower()
+
+
+def test_batched_reads_are_a_measured_choice():
+    res = looptune.tune_loader(Batched(), device="cpu", budget_s=20, batches=5, repeats=1, max_workers=0)
+    (batched,) = [d for d in res.decisions if d.name == "batched"]
+    assert "per-sample" in batched.reason and batched.evidence["with"]["batched"] is False
+
+
+def test_bad_arguments_are_reported_together():
+    with pytest.raises(looptune.ConfigError) as info:
+        looptune.tune_loader([1, 2], batch_size=0, budget_s=0, threshold=2, device="tpu", model="m")
+    assert len(info.value.problems) >= 5
+
+
+def test_factories_report_what_is_wrong(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "mydata.py").write_text("def not_a_dataset():\n    return 42\ndef boom():\n    raise OSError('disk')\n")
+    with pytest.raises(looptune.ConfigError, match="expected MODULE:FACTORY"):
+        build_dataset("mydata")
+    with pytest.raises(looptune.ConfigError, match="importing 'nope' failed"):
+        build_dataset("nope:make")
+    with pytest.raises(looptune.ConfigError, match="returned a int, not a map-style Dataset"):
+        build_dataset("mydata:not_a_dataset")
+    with pytest.raises(looptune.ConfigError, match="calling it raised OSError: disk"):
+        build_model("mydata:boom")
+
+
+def test_cli_tune_loader_writes_json(tmp_path):
+    (tmp_path / "mydata.py").write_text(textwrap.dedent("""
+        import torch
+        def dataset():
+            return torch.utils.data.TensorDataset(torch.randn(2048, 8), torch.randint(0, 2, (2048,)))
+        def model():
+            return torch.nn.Linear(8, 2)
+    """))
+    out = tmp_path / "t.json"
+    proc = subprocess.run([sys.executable, "-m", "looptune", "tune", "loader", "--dataset", "mydata:dataset",
+                           "--model", "mydata:model", "--device", "cpu", "--budget-s", "20",
+                           "--json", str(out)], capture_output=True, text=True, cwd=tmp_path, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert "DataLoader(dataset, batch_size=64" in proc.stdout
+    data = json.loads(out.read_text())
+    assert {"recommended", "decisions", "trials"} <= set(data)
+    assert all({"name", "value", "reason", "evidence"} <= set(d) for d in data["decisions"])
+
+
+def test_cli_bad_specs_exit_2(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "looptune", "tune", "loader", "--dataset", "nocolon",
+                           "--model", "a:1bad"], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2
+    assert "--dataset 'nocolon' is invalid" in proc.stderr and "--model 'a:1bad' is invalid" in proc.stderr
