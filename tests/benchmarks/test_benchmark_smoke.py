@@ -41,3 +41,10 @@ def test_diagnose_overhead_smoke(mnist_dir):
     assert proc.returncode == 0, proc.stderr
     assert "accounting:" in proc.stdout and "A/B probe overhead" in proc.stdout
     assert "verdict on the reference: data_loading" in proc.stdout
+
+
+def test_tune_quality_smoke():
+    proc = subprocess.run([sys.executable, str(BENCHMARKS / "tune_quality.py"), "--smoke"],
+                          capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.count("quality") == 2 and "grid best" in proc.stdout

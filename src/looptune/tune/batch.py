@@ -1,0 +1,474 @@
+"""Throughput-optimal batch size: time the training step at growing batch sizes, pick the knee.
+
+Trials run on a deep copy of the model with a private ``SGD(lr=0)`` and every global RNG is
+restored afterwards: the caller's model, optimizer and random streams are untouched. A trial builds
+one batch (the first B samples, cycled), moves it to the device once, runs ``warmup`` untimed steps
+and times ``repeats`` x ``steps`` steps; samples/s is the median over the repeats.
+Peak memory: on CUDA the allocator's peak against the GPU's memory. On CPU the process RSS cannot
+be attributed to one batch size, so it is one step's tensor bytes (params, grads, batch, saved
+activations), and ``memory_limit_bytes`` plays the allocator's capacity (a step over it is an OOM).
+"""
+
+from __future__ import annotations
+
+import copy
+import gc
+import math
+import numbers
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+from typing import Any
+
+import torch
+from torch import nn
+
+from looptune.engine.checkpoint import rng_state, set_rng_state
+from looptune.engine.device import device_problem, resolve_device
+from looptune.errors import ConfigError, MeasurementError
+from looptune.measure.memory import PeakMemory
+from looptune.measure.timing import Stopwatch
+from looptune.recipe import Decision
+
+__all__ = ["BatchSizeResult", "pick_knee", "tune_batch_size"]
+
+MAX_BATCH = 8192  # the automatic sweep never goes above this many samples per step
+
+
+@dataclass(frozen=True)
+class BatchSizeResult:
+    """What the batch-size search decided and what it measured."""
+
+    decisions: list[Decision]  # "batch_size", plus "accumulate" when keep_effective was given
+    recommended: dict  # {"batch_size": 256} (+ {"accumulate": 4}), ready for a recipe override
+    trials: list[dict]  # in the order tried: batch_size, samples_per_s, step_ms, peak_mem_bytes,
+    #                     peak_mem_kind, status ("ok" | "oom" | "over_memory"), reason, phase
+
+
+@dataclass(frozen=True)
+class _Run:  # everything one trial needs; built once per search
+    model: nn.Module  # the private deep copy, in train mode
+    optimizer: torch.optim.Optimizer  # private SGD(lr=0): the step runs, the weights stay
+    loss_fn: Callable[..., torch.Tensor]
+    dataset: Any
+    device: torch.device
+    steps: int
+    warmup: int
+    repeats: int
+    memory_limit: int | None  # bytes; None = no limit (CPU default)
+    max_fraction: float
+
+
+def tune_batch_size(
+    model: nn.Module,
+    dataset: Any,
+    *,
+    loss_fn: Callable[..., torch.Tensor] = torch.nn.functional.cross_entropy,
+    device: str = "auto",
+    candidates: Sequence[int] | None = None,
+    max_memory_fraction: float = 0.9,
+    keep_effective: int | None = None,
+    steps: int = 10,
+    warmup: int = 3,
+    repeats: int = 3,
+    threshold: float = 0.05,
+    memory_limit_bytes: int | None = None,
+    budget_s: float | None = None,
+) -> BatchSizeResult:
+    """Find the smallest batch size within ``threshold`` of the best measured training throughput.
+
+    Args:
+        model, dataset: the model (deep-copied, never modified); ``dataset[i]`` -> (input, target).
+        loss_fn, device: ``loss_fn(model(inputs), targets)`` -> loss; "auto" | "cpu" | "cuda".
+        candidates: sizes to measure instead of the sweep (powers of two from 1 up to
+            min(len(dataset), 8192, keep_effective) while they gain > threshold, then 0.75x and
+            1.5x the knee).
+        max_memory_fraction: eligible sizes peak within this fraction of the memory limit.
+        keep_effective: hold this effective batch: recommend ``accumulate = ceil(E / batch)``.
+        steps, warmup, repeats: timed steps per repeat, untimed steps first, repeats (median).
+        threshold: the knee is the smallest size within this fraction of the best samples/s.
+        memory_limit_bytes: cap on a trial's peak; default: the GPU's memory on CUDA, none on CPU.
+        budget_s: stop trying new sizes after this many seconds (the first size always runs).
+
+    Returns:
+        A :class:`BatchSizeResult`.
+
+    Raises:
+        ConfigError: every invalid argument, before anything runs.
+        MeasurementError: no size ran within the memory limit.
+
+    Example:
+        >>> result = tune_batch_size(model, TensorDataset(x, y), keep_effective=512)
+        >>> result.recommended
+        {'batch_size': 128, 'accumulate': 4}
+    """
+    problems = _problems(model, dataset, loss_fn, device, candidates, max_memory_fraction,
+                         keep_effective, steps, warmup, repeats, threshold, memory_limit_bytes,
+                         budget_s)
+    if problems:
+        raise ConfigError(problems)
+    dev = resolve_device(device)
+    if dev.type == "cuda":
+        torch.cuda.init()  # so rng_state() captures (and we restore) the CUDA generators too
+    saved_rng = rng_state()
+    try:
+        run = _Run(*_private_copy(model, dev), loss_fn, dataset, dev, steps, warmup, repeats,
+                   _memory_limit(dev, memory_limit_bytes), max_memory_fraction)
+        trials, ended = _search(run, candidates, threshold, keep_effective, budget_s)
+    finally:
+        set_rng_state(saved_rng)
+    return _result(trials, ended, run, threshold, keep_effective)
+
+
+# ------------------------------------------------------------------------------------ the pick
+
+def pick_knee(trials: list[dict], threshold: float = 0.05, memory_limit: int | None = None,
+              max_fraction: float = 0.9) -> Decision:
+    """The smallest eligible batch size whose samples/s is within ``threshold`` of the best.
+
+    Eligible: status "ok" and, when both are known, peak memory <= ``max_fraction * memory_limit``.
+    Pure: works on recorded trials. Raises MeasurementError when no trial is eligible.
+
+    Example:
+        >>> pick_knee([{"batch_size": 8, "samples_per_s": 96.0, "status": "ok"},
+        ...            {"batch_size": 16, "samples_per_s": 100.0, "status": "ok"}]).value
+        8
+    """
+    eligible = [t for t in trials if _eligible(t, memory_limit, max_fraction)]
+    if not eligible:
+        raise MeasurementError(_none_eligible(trials, memory_limit, max_fraction))
+    best = max(eligible, key=lambda t: t["samples_per_s"])
+    floor = (1.0 - threshold) * best["samples_per_s"]
+    knee = min((t for t in eligible if t["samples_per_s"] >= floor), key=lambda t: t["batch_size"])
+    return Decision("batch_size", knee["batch_size"], _knee_reason(knee, best, threshold, trials,
+                                                                    eligible), evidence=trials)
+
+
+def _eligible(trial: dict, memory_limit: int | None, max_fraction: float) -> bool:
+    peak = trial.get("peak_mem_bytes")
+    fits = memory_limit is None or peak is None or peak <= max_fraction * memory_limit
+    return trial.get("status") == "ok" and trial.get("samples_per_s") is not None and fits
+
+
+def _knee_reason(knee: dict, best: dict, threshold: float, trials: list[dict],
+                 eligible: list[dict]) -> str:
+    head = f"{knee['batch_size']}: {knee['samples_per_s']:,.0f} samples/s"
+    if knee is best:
+        reason = f"{head}, the best measured"
+    else:
+        reason = (f"{head}, within {threshold:.0%} of the best ({best['batch_size']}: "
+                  f"{best['samples_per_s']:,.0f}){_memory_phrase(knee, best)}")
+    excluded = [t for t in trials if t not in eligible]
+    if excluded:
+        reason += "; excluded: " + ", ".join(f"{t['batch_size']} ({t.get('status')})"
+                                             for t in excluded)
+    return reason
+
+
+def _memory_phrase(knee: dict, best: dict) -> str:
+    small, big = knee.get("peak_mem_bytes"), best.get("peak_mem_bytes")
+    if not small or not big:
+        return ""
+    ratio = small / big
+    if abs(ratio - 0.5) < 0.05:
+        return " at half the memory"
+    return f" at {ratio:.0%} of its memory ({_fmt_bytes(small)} vs {_fmt_bytes(big)})"
+
+
+def _none_eligible(trials: list[dict], memory_limit: int | None, max_fraction: float) -> str:
+    tried = ", ".join(f"{t['batch_size']} ({t.get('status')}: {t.get('reason')})" for t in trials)
+    limit = "no limit" if memory_limit is None else f"{max_fraction:.0%} of {_fmt_bytes(memory_limit)}"
+    return (f"no batch size ran within the memory limit ({limit}); tried {tried or 'none'}. "
+            "Use a smaller model or input, raise memory_limit_bytes / max_memory_fraction, or "
+            "pass smaller candidates.")
+
+
+# ---------------------------------------------------------------------------------- the search
+
+def _search(run: _Run, candidates: Sequence[int] | None, threshold: float,
+            keep_effective: int | None, budget_s: float | None) -> tuple[list[dict], dict]:
+    """Run the trials; returns them and why the search ended ({"search_ended", "detail"})."""
+    deadline = None if budget_s is None else time.perf_counter() + budget_s
+    trials: list[dict] = []
+    if candidates is not None:
+        ended = _sweep(run, sorted(set(candidates)), trials, None, deadline, "candidates")
+        return trials, ended or {"search_ended": "candidates", "detail": "measured every candidate"}
+    cap = min(MAX_BATCH, len(run.dataset), keep_effective or MAX_BATCH)
+    sizes = [2 ** k for k in range(cap.bit_length()) if 2 ** k <= cap]
+    ended = _sweep(run, sizes, trials, threshold, deadline, "sweep") or {
+        "search_ended": "cap", "detail": f"reached the largest size allowed, {cap} (min of "
+        f"{MAX_BATCH}, len(dataset)={len(run.dataset)}, keep_effective={keep_effective})"}
+    refine = _refine_sizes(trials, threshold, run, cap)
+    return trials, _sweep(run, refine, trials, None, deadline, "refine") or ended
+
+
+def _sweep(run: _Run, sizes: list[int], trials: list[dict], threshold: float | None,
+           deadline: float | None, phase: str) -> dict | None:
+    """Measure ``sizes`` in order until one fails, the budget ends or (with a threshold) a size
+    gains no more than ``threshold`` over the best so far. Returns why it stopped early, or None."""
+    for size in sizes:
+        if trials and deadline is not None and time.perf_counter() >= deadline:
+            return {"search_ended": "budget", "detail": f"budget_s spent after {len(trials)} "
+                    f"sizes; {size} and the rest of this {phase} were not tried"}
+        best = max((t["samples_per_s"] for t in trials if t["status"] == "ok"), default=None)
+        trial = {**_run_trial(run, size), "phase": phase}
+        trials.append(trial)
+        if trial["status"] != "ok":
+            return {"search_ended": trial["status"], "detail": f"{size}: {trial['reason']}"}
+        if threshold is not None and best is not None and trial["samples_per_s"] <= best * (1 + threshold):
+            return {"search_ended": "plateau", "detail": f"{size} gained <= {threshold:.0%} "
+                    f"over the best so far ({best:,.0f} samples/s)"}
+    return None
+
+
+def _refine_sizes(trials: list[dict], threshold: float, run: _Run, cap: int) -> list[int]:
+    """0.75x and 1.5x the sweep's knee: between it and its power-of-two neighbours."""
+    if not any(_eligible(t, run.memory_limit, run.max_fraction) for t in trials):
+        return []
+    knee = pick_knee(trials, threshold, run.memory_limit, run.max_fraction).value
+    failed = min((t["batch_size"] for t in trials if t["status"] != "ok"), default=math.inf)
+    tried = {t["batch_size"] for t in trials}
+    points = {knee * 3 // 4, knee * 3 // 2}
+    return sorted(p for p in points if 1 <= p <= cap and p < failed and p not in tried)
+
+
+# ---------------------------------------------------------------------------------- one trial
+
+def _run_trial(run: _Run, size: int) -> dict:
+    """Measure one batch size; an out-of-memory error becomes a trial with status "oom"."""
+    try:
+        return _measure_trial(run, size)
+    except torch.OutOfMemoryError as err:
+        message = str(err).strip().splitlines()[0] if str(err).strip() else "out of memory"
+    # after the except block: the traceback, and the frames holding the batch, are gone
+    run.optimizer.zero_grad(set_to_none=True)
+    gc.collect()
+    if run.device.type == "cuda":
+        torch.cuda.empty_cache()
+    return _trial(run, size, "oom", f"out of memory: {message}")
+
+
+def _measure_trial(run: _Run, size: int) -> dict:
+    run.optimizer.zero_grad(set_to_none=True)  # every trial's peak includes allocating the grads
+    memory = PeakMemory(run.device) if run.device.type == "cuda" else None
+    if memory is not None:
+        memory.start()
+    inputs, targets = _allocate(run.dataset, size, run.device)
+    peak = None if memory is not None else _cpu_peak_estimate(run, inputs, targets)
+    for _ in range(run.warmup):
+        _train_step(run, inputs, targets)
+    seconds = [_time_steps(run, inputs, targets) for _ in range(run.repeats)]
+    if memory is not None:
+        peak = memory.read().peak_bytes
+    return _timed_trial(run, size, seconds, peak)
+
+
+def _allocate(dataset: Any, size: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """One batch of ``size`` samples: the first ones, cycled when the dataset is smaller."""
+    count = min(size, len(dataset))
+    samples = [dataset[i] for i in range(count)]
+    inputs = torch.stack([torch.as_tensor(s[0]) for s in samples])
+    targets = torch.stack([torch.as_tensor(s[1]) for s in samples])
+    if count < size:
+        index = torch.arange(size) % count
+        inputs, targets = inputs[index], targets[index]
+    return inputs.to(device), targets.to(device)
+
+
+def _train_step(run: _Run, inputs: torch.Tensor, targets: torch.Tensor) -> None:
+    run.optimizer.zero_grad(set_to_none=True)
+    with torch.enable_grad():
+        loss = run.loss_fn(run.model(inputs), targets)
+        loss.backward()
+    run.optimizer.step()  # no .item(): the step never syncs the host; the Stopwatch does
+
+
+def _time_steps(run: _Run, inputs: torch.Tensor, targets: torch.Tensor) -> float:
+    """Seconds for ``run.steps`` training steps, the device synchronized at both ends."""
+    watch = Stopwatch(run.device)
+    watch.start()
+    for _ in range(run.steps):
+        _train_step(run, inputs, targets)
+    return watch.stop()
+
+
+def _cpu_peak_estimate(run: _Run, inputs: torch.Tensor, targets: torch.Tensor) -> int:
+    """Bytes of one untimed step's tensors (params, grads, batch, saved activations).
+
+    Raises torch.OutOfMemoryError above ``memory_limit_bytes``: on CPU the limit plays the
+    allocator's capacity.
+    """
+    storages: dict[int, int] = {}
+
+    def keep(tensor: torch.Tensor) -> torch.Tensor:
+        _count_storage(storages, tensor)
+        return tensor
+
+    for tensor in (*run.model.parameters(), inputs, targets):
+        _count_storage(storages, tensor)
+    with torch.autograd.graph.saved_tensors_hooks(keep, lambda tensor: tensor):
+        _train_step(run, inputs, targets)
+    for param in run.model.parameters():
+        _count_storage(storages, param.grad)
+    estimate = sum(storages.values())
+    if run.memory_limit is not None and estimate > run.memory_limit:
+        raise torch.OutOfMemoryError(
+            f"the step's tensors are estimated at {_fmt_bytes(estimate)}, over "
+            f"memory_limit_bytes={run.memory_limit} ({_fmt_bytes(run.memory_limit)})")
+    return estimate
+
+
+def _count_storage(storages: dict[int, int], tensor: torch.Tensor | None) -> None:
+    if tensor is None or tensor.layout != torch.strided:
+        return  # sparse / unset: no plain storage to count
+    storage = tensor.untyped_storage()
+    storages[storage.data_ptr()] = storage.nbytes()  # keyed by address: views count once
+
+
+def _timed_trial(run: _Run, size: int, seconds: list[float], peak: int | None) -> dict:
+    median = statistics.median(seconds)
+    if median <= 0:
+        raise MeasurementError(f"batch_size={size}: {run.steps} steps took {median} s; the clock "
+                               "cannot resolve them. Raise steps.")
+    rate = statistics.median(size * run.steps / s for s in seconds)
+    timing = (f"{rate:,.0f} samples/s, {1000 * median / run.steps:.2f} ms/step (median of "
+              f"{run.repeats} x {run.steps} steps after {run.warmup} warm-up)")
+    limit = run.memory_limit
+    if limit is not None and peak is not None and peak > run.max_fraction * limit:
+        return _trial(run, size, "over_memory", f"{timing}; peak {_fmt_bytes(peak)} > "
+                      f"{run.max_fraction:.0%} of {_fmt_bytes(limit)}", rate, median, peak)
+    return _trial(run, size, "ok", timing, rate, median, peak)
+
+
+def _trial(run: _Run, size: int, status: str, reason: str, rate: float | None = None,
+           median_s: float | None = None, peak: int | None = None) -> dict:
+    step_ms = None if median_s is None else 1000 * median_s / run.steps
+    return {"batch_size": size, "samples_per_s": rate, "step_ms": step_ms, "peak_mem_bytes": peak,
+            "peak_mem_kind": _mem_kind(run.device), "status": status, "reason": reason}
+
+
+# ------------------------------------------------------------------------------ set-up, result
+
+def _private_copy(model: nn.Module, device: torch.device) -> tuple[nn.Module, torch.optim.Optimizer]:
+    try:
+        private = copy.deepcopy(model)
+    except (TypeError, RuntimeError, copy.Error) as err:
+        raise ConfigError(f"model={type(model).__name__} could not be deep-copied ({err}); the "
+                          "search trains a copy so your weights stay untouched. Pass a plain "
+                          "nn.Module (not a compiled or hooked wrapper).") from err
+    private = private.to(device).train()
+    return private, torch.optim.SGD(private.parameters(), lr=0.0)
+
+
+def _memory_limit(device: torch.device, given: int | None) -> int | None:
+    if device.type != "cuda":
+        return given
+    total = torch.cuda.get_device_properties(device).total_memory
+    return total if given is None else min(total, given)
+
+
+def _mem_kind(device: torch.device) -> str:
+    return "cuda_max_allocated" if device.type == "cuda" else "cpu_tensor_estimate"
+
+
+def _result(trials: list[dict], ended: dict, run: _Run, threshold: float,
+            keep_effective: int | None) -> BatchSizeResult:
+    knee = pick_knee(trials, threshold, run.memory_limit, run.max_fraction)
+    reason = knee.reason
+    if ended["search_ended"] == "budget":
+        reason += f"; the search stopped early: {ended['detail']}"
+    evidence = {"trials": trials, **ended, "memory_limit_bytes": run.memory_limit,
+                "max_memory_fraction": run.max_fraction, "peak_mem_kind": _mem_kind(run.device),
+                "device": str(run.device)}
+    decisions = [replace(knee, reason=reason, evidence=evidence)]
+    recommended = {"batch_size": knee.value}
+    if keep_effective is not None:
+        decisions.append(_accumulate_decision(knee.value, keep_effective))
+        recommended["accumulate"] = decisions[-1].value
+    return BatchSizeResult(decisions=decisions, recommended=recommended, trials=trials)
+
+
+def _accumulate_decision(batch: int, effective: int) -> Decision:
+    accumulate = math.ceil(effective / batch)
+    got = accumulate * batch
+    reason = (f"keep_effective={effective}: {accumulate} micro-batches of {batch} = effective "
+              f"batch {got}")
+    if got != effective:
+        reason += f" ({got - effective} more than asked: {effective} is not a multiple of {batch})"
+    return Decision("accumulate", accumulate, reason,
+                    evidence={"batch_size": batch, "keep_effective": effective, "effective": got})
+
+
+# ---------------------------------------------------------------------------------- validation
+
+def _problems(model, dataset, loss_fn, device, candidates, max_memory_fraction, keep_effective,
+              steps, warmup, repeats, threshold, memory_limit_bytes, budget_s) -> list[str]:
+    out = [] if isinstance(model, nn.Module) else [(
+        f"model={type(model).__name__} is invalid: must be a torch.nn.Module. Pass the module "
+        "itself, not its state_dict or a factory.")]
+    out += _dataset_problems(dataset)
+    if not callable(loss_fn):
+        out.append(f"loss_fn={loss_fn!r} is invalid: must be callable as loss_fn(outputs, "
+                   "targets), e.g. torch.nn.functional.cross_entropy.")
+    out += [p for p in [device_problem(device)] if p]
+    out += _candidate_problems(candidates)
+    if not _is_real(max_memory_fraction) or not 0 < max_memory_fraction <= 1:
+        out.append(f"max_memory_fraction={max_memory_fraction!r} is invalid: must be in (0, 1], "
+                   "e.g. 0.9 to keep 10% headroom.")
+    for name, value, low, what, optional in (
+            ("keep_effective", keep_effective, 1, "the effective batch to hold, or None", True),
+            ("steps", steps, 1, "timed steps per repeat", False),
+            ("warmup", warmup, 0, "untimed steps first; 0 = none", False),
+            ("repeats", repeats, 1, "repeats; the median is reported", False),
+            ("memory_limit_bytes", memory_limit_bytes, 1, "bytes, or None for no limit", True)):
+        if not ((optional and value is None) or (_is_int(value) and value >= low)):
+            out.append(f"{name}={value!r} is invalid: must be an integer >= {low} ({what}).")
+    if not _is_real(threshold) or not 0 <= threshold < 1:
+        out.append(f"threshold={threshold!r} is invalid: must be in [0, 1), e.g. 0.05 for 5%.")
+    if budget_s is not None and (not _is_real(budget_s) or not 0 < budget_s < math.inf):
+        out.append(f"budget_s={budget_s!r} is invalid: must be a number of seconds > 0, or None "
+                   "for no time limit.")
+    return out
+
+
+def _dataset_problems(dataset: Any) -> list[str]:
+    if not (hasattr(dataset, "__getitem__") and hasattr(dataset, "__len__")):
+        return [(f"dataset={type(dataset).__name__} is invalid: must be map-style (__getitem__ "
+                 "and __len__), e.g. a TensorDataset. Collect an iterable's samples into a list.")]
+    if len(dataset) == 0:
+        return ["dataset is empty (len 0): nothing to measure. Pass at least one sample."]
+    try:
+        sample = dataset[0]
+    except (IndexError, KeyError, TypeError) as err:
+        return [f"dataset[0] failed ({type(err).__name__}: {err}): must index samples 0..len-1."]
+    if not (isinstance(sample, (tuple, list)) and len(sample) == 2
+            and isinstance(sample[0], torch.Tensor)):
+        return [(f"dataset[0] is a {type(sample).__name__}: must be an (input tensor, target) "
+                 "pair, as TensorDataset(inputs, targets) returns.")]
+    return []
+
+
+def _candidate_problems(candidates: Any) -> list[str]:
+    if candidates is None:
+        return []
+    items = list(candidates) if isinstance(candidates, (list, tuple, range)) else None
+    if not items or not all(_is_int(c) and c >= 1 for c in items):
+        return [(f"candidates={candidates!r} is invalid: must be a non-empty list of positive "
+                 "integers, e.g. [64, 128, 256], or None for the automatic sweep.")]
+    return []
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
+def _is_real(value: Any) -> bool:
+    return isinstance(value, numbers.Real) and not isinstance(value, bool)
+
+
+def _fmt_bytes(count: float) -> str:
+    if count < 1024:
+        return f"{count:.0f} B"
+    exponent = min(3, int(math.log(count, 1024)))
+    return f"{count / 1024 ** exponent:.1f} {('KiB', 'MiB', 'GiB')[exponent - 1]}"
