@@ -10,6 +10,7 @@ from looptune.bench.results import BenchResults  # noqa: E402
 from looptune.bench.runner import bench  # noqa: E402
 from looptune.diagnose.result import Diagnosis  # noqa: E402
 from looptune.diagnose.runner import diagnose, watch  # noqa: E402
+from looptune.tune.batch import tune_batch_size  # noqa: E402
 from looptune.tune.loader import tune_loader  # noqa: E402
 from looptune.errors import ConfigError, DataError, LooptuneError, MeasurementError  # noqa: E402
 from looptune.measure.results import RunResult  # noqa: E402
@@ -18,7 +19,7 @@ from looptune.recipe import (Decision, LoaderConfig, OptimConfig, Recipe,  # noq
                              ScheduleConfig, StepConfig)
 
 __all__ = [
-    "__version__", "train", "bench", "diagnose", "watch", "Diagnosis", "tune_loader", "BenchResults", "RunResult", "Recipe", "LoaderConfig",
+    "__version__", "train", "bench", "diagnose", "watch", "Diagnosis", "tune_loader", "tune_batch_size", "BenchResults", "RunResult", "Recipe", "LoaderConfig",
     "StepConfig", "OptimConfig", "ScheduleConfig", "RECIPES", "Decision", "LooptuneError",
     "ConfigError", "DataError", "MeasurementError",
 ]

@@ -137,3 +137,28 @@ def test_cli_bad_specs_exit_2(tmp_path):
                            "--model", "a:1bad"], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2
     assert "--dataset 'nocolon' is invalid" in proc.stderr and "--model 'a:1bad' is invalid" in proc.stderr
+
+
+def test_cli_tune_batch_size_with_keep_effective(tmp_path):
+    (tmp_path / "mydata.py").write_text(textwrap.dedent("""
+        import torch
+        def dataset():
+            return torch.utils.data.TensorDataset(torch.randn(1024, 8), torch.randint(0, 2, (1024,)))
+        def model():
+            return torch.nn.Sequential(torch.nn.Linear(8, 32), torch.nn.ReLU(), torch.nn.Linear(32, 2))
+    """))
+    out = tmp_path / "b.json"
+    proc = subprocess.run([sys.executable, "-m", "looptune", "tune", "batch-size", "--dataset", "mydata:dataset",
+                           "--model", "mydata:model", "--device", "cpu", "--keep-effective", "512",
+                           "--json", str(out)], capture_output=True, text=True, cwd=tmp_path, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    data = json.loads(out.read_text())
+    batch, accumulate = data["recommended"]["batch_size"], data["recommended"]["accumulate"]
+    assert batch * accumulate >= 512 and {d["name"] for d in data["decisions"]} == {"batch_size", "accumulate"}
+    assert all(t["status"] in {"ok", "oom", "over_memory"} for t in data["trials"])
+
+
+def test_cli_tune_batch_size_needs_a_model(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "looptune", "tune", "batch-size", "--dataset", "m:d"],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and "needs --model" in proc.stderr

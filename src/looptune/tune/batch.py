@@ -14,7 +14,6 @@ from __future__ import annotations
 import copy
 import gc
 import math
-import numbers
 import statistics
 import time
 from collections.abc import Callable, Sequence
@@ -25,15 +24,19 @@ import torch
 from torch import nn
 
 from looptune.engine.checkpoint import rng_state, set_rng_state
-from looptune.engine.device import device_problem, resolve_device
+from looptune.engine.device import resolve_device
 from looptune.errors import ConfigError, MeasurementError
 from looptune.measure.memory import PeakMemory
 from looptune.measure.timing import Stopwatch
 from looptune.recipe import Decision
+from looptune.tune import _batch_checks
 
 __all__ = ["BatchSizeResult", "pick_knee", "tune_batch_size"]
 
+# batch norm cannot train on one sample ("Expected more than 1 value per channel"): start at 2
+_BatchNorm = nn.modules.batchnorm._BatchNorm
 MAX_BATCH = 8192  # the automatic sweep never goes above this many samples per step
+_MEM_KIND = {"cuda": "cuda_max_allocated", "cpu": "cpu_tensor_estimate"}  # what peak_mem_bytes is
 
 
 @dataclass(frozen=True)
@@ -103,7 +106,7 @@ def tune_batch_size(
         >>> result.recommended
         {'batch_size': 128, 'accumulate': 4}
     """
-    problems = _problems(model, dataset, loss_fn, device, candidates, max_memory_fraction,
+    problems = _batch_checks.problems(model, dataset, loss_fn, device, candidates, max_memory_fraction,
                          keep_effective, steps, warmup, repeats, threshold, memory_limit_bytes,
                          budget_s)
     if problems:
@@ -137,12 +140,17 @@ def pick_knee(trials: list[dict], threshold: float = 0.05, memory_limit: int | N
     """
     eligible = [t for t in trials if _eligible(t, memory_limit, max_fraction)]
     if not eligible:
-        raise MeasurementError(_none_eligible(trials, memory_limit, max_fraction))
+        tried = ", ".join(f"{t['batch_size']} ({t.get('status')}: {t.get('reason')})"
+                          for t in trials) or "none"
+        limit = "none" if memory_limit is None else f"{max_fraction:.0%} of {memory_limit} bytes"
+        raise MeasurementError(f"no batch size ran within the memory limit ({limit}); tried "
+                               f"{tried}. Use a smaller model or input, raise memory_limit_bytes"
+                               " / max_memory_fraction, or pass smaller candidates.")
     best = max(eligible, key=lambda t: t["samples_per_s"])
     floor = (1.0 - threshold) * best["samples_per_s"]
     knee = min((t for t in eligible if t["samples_per_s"] >= floor), key=lambda t: t["batch_size"])
-    return Decision("batch_size", knee["batch_size"], _knee_reason(knee, best, threshold, trials,
-                                                                    eligible), evidence=trials)
+    reason = _knee_reason(knee, best, threshold, trials, eligible)
+    return Decision("batch_size", knee["batch_size"], reason, evidence=trials)
 
 
 def _eligible(trial: dict, memory_limit: int | None, max_fraction: float) -> bool:
@@ -176,14 +184,6 @@ def _memory_phrase(knee: dict, best: dict) -> str:
     return f" at {ratio:.0%} of its memory ({_fmt_bytes(small)} vs {_fmt_bytes(big)})"
 
 
-def _none_eligible(trials: list[dict], memory_limit: int | None, max_fraction: float) -> str:
-    tried = ", ".join(f"{t['batch_size']} ({t.get('status')}: {t.get('reason')})" for t in trials)
-    limit = "no limit" if memory_limit is None else f"{max_fraction:.0%} of {_fmt_bytes(memory_limit)}"
-    return (f"no batch size ran within the memory limit ({limit}); tried {tried or 'none'}. "
-            "Use a smaller model or input, raise memory_limit_bytes / max_memory_fraction, or "
-            "pass smaller candidates.")
-
-
 # ---------------------------------------------------------------------------------- the search
 
 def _search(run: _Run, candidates: Sequence[int] | None, threshold: float,
@@ -194,8 +194,9 @@ def _search(run: _Run, candidates: Sequence[int] | None, threshold: float,
     if candidates is not None:
         ended = _sweep(run, sorted(set(candidates)), trials, None, deadline, "candidates")
         return trials, ended or {"search_ended": "candidates", "detail": "measured every candidate"}
-    cap = min(MAX_BATCH, len(run.dataset), keep_effective or MAX_BATCH)
-    sizes = [2 ** k for k in range(cap.bit_length()) if 2 ** k <= cap]
+    first = 2 if any(isinstance(m, _BatchNorm) for m in run.model.modules()) else 1
+    cap = max(first, min(MAX_BATCH, len(run.dataset), keep_effective or MAX_BATCH))
+    sizes = [2 ** k for k in range(first.bit_length() - 1, cap.bit_length()) if 2 ** k <= cap]
     ended = _sweep(run, sizes, trials, threshold, deadline, "sweep") or {
         "search_ended": "cap", "detail": f"reached the largest size allowed, {cap} (min of "
         f"{MAX_BATCH}, len(dataset)={len(run.dataset)}, keep_effective={keep_effective})"}
@@ -216,7 +217,8 @@ def _sweep(run: _Run, sizes: list[int], trials: list[dict], threshold: float | N
         trials.append(trial)
         if trial["status"] != "ok":
             return {"search_ended": trial["status"], "detail": f"{size}: {trial['reason']}"}
-        if threshold is not None and best is not None and trial["samples_per_s"] <= best * (1 + threshold):
+        gain = None if best is None else trial["samples_per_s"] / best - 1
+        if threshold is not None and gain is not None and gain <= threshold:
             return {"search_ended": "plateau", "detail": f"{size} gained <= {threshold:.0%} "
                     f"over the best so far ({best:,.0f} samples/s)"}
     return None
@@ -299,31 +301,28 @@ def _cpu_peak_estimate(run: _Run, inputs: torch.Tensor, targets: torch.Tensor) -
     Raises torch.OutOfMemoryError above ``memory_limit_bytes``: on CPU the limit plays the
     allocator's capacity.
     """
-    storages: dict[int, int] = {}
+    # keyed by address, so views and re-saved tensors count once; the tensor is held so its
+    # address is not reused by a later allocation of the step (the count would vary run to run)
+    storages: dict[int, tuple[int, torch.Tensor]] = {}
 
-    def keep(tensor: torch.Tensor) -> torch.Tensor:
-        _count_storage(storages, tensor)
+    def keep(tensor: torch.Tensor | None) -> torch.Tensor | None:
+        if tensor is not None and tensor.layout == torch.strided:  # sparse: no plain storage
+            storage = tensor.untyped_storage()
+            storages[storage.data_ptr()] = (storage.nbytes(), tensor)
         return tensor
 
     for tensor in (*run.model.parameters(), inputs, targets):
-        _count_storage(storages, tensor)
+        keep(tensor)
     with torch.autograd.graph.saved_tensors_hooks(keep, lambda tensor: tensor):
         _train_step(run, inputs, targets)
     for param in run.model.parameters():
-        _count_storage(storages, param.grad)
-    estimate = sum(storages.values())
+        keep(param.grad)
+    estimate = sum(nbytes for nbytes, _ in storages.values())
     if run.memory_limit is not None and estimate > run.memory_limit:
         raise torch.OutOfMemoryError(
             f"the step's tensors are estimated at {_fmt_bytes(estimate)}, over "
             f"memory_limit_bytes={run.memory_limit} ({_fmt_bytes(run.memory_limit)})")
     return estimate
-
-
-def _count_storage(storages: dict[int, int], tensor: torch.Tensor | None) -> None:
-    if tensor is None or tensor.layout != torch.strided:
-        return  # sparse / unset: no plain storage to count
-    storage = tensor.untyped_storage()
-    storages[storage.data_ptr()] = storage.nbytes()  # keyed by address: views count once
 
 
 def _timed_trial(run: _Run, size: int, seconds: list[float], peak: int | None) -> dict:
@@ -345,12 +344,12 @@ def _trial(run: _Run, size: int, status: str, reason: str, rate: float | None = 
            median_s: float | None = None, peak: int | None = None) -> dict:
     step_ms = None if median_s is None else 1000 * median_s / run.steps
     return {"batch_size": size, "samples_per_s": rate, "step_ms": step_ms, "peak_mem_bytes": peak,
-            "peak_mem_kind": _mem_kind(run.device), "status": status, "reason": reason}
+            "peak_mem_kind": _MEM_KIND[run.device.type], "status": status, "reason": reason}
 
 
 # ------------------------------------------------------------------------------ set-up, result
 
-def _private_copy(model: nn.Module, device: torch.device) -> tuple[nn.Module, torch.optim.Optimizer]:
+def _private_copy(model: nn.Module, device: torch.device) -> tuple[nn.Module, torch.optim.SGD]:
     try:
         private = copy.deepcopy(model)
     except (TypeError, RuntimeError, copy.Error) as err:
@@ -368,19 +367,17 @@ def _memory_limit(device: torch.device, given: int | None) -> int | None:
     return total if given is None else min(total, given)
 
 
-def _mem_kind(device: torch.device) -> str:
-    return "cuda_max_allocated" if device.type == "cuda" else "cpu_tensor_estimate"
-
-
 def _result(trials: list[dict], ended: dict, run: _Run, threshold: float,
             keep_effective: int | None) -> BatchSizeResult:
     knee = pick_knee(trials, threshold, run.memory_limit, run.max_fraction)
     reason = knee.reason
     if ended["search_ended"] == "budget":
         reason += f"; the search stopped early: {ended['detail']}"
+    elif ended["search_ended"] == "cap" and knee.value == max(t["batch_size"] for t in trials):
+        reason += f"; larger sizes were not tried: {ended['detail']}"
     evidence = {"trials": trials, **ended, "memory_limit_bytes": run.memory_limit,
-                "max_memory_fraction": run.max_fraction, "peak_mem_kind": _mem_kind(run.device),
-                "device": str(run.device)}
+                "max_memory_fraction": run.max_fraction, "device": str(run.device),
+                "peak_mem_kind": _MEM_KIND[run.device.type]}
     decisions = [replace(knee, reason=reason, evidence=evidence)]
     recommended = {"batch_size": knee.value}
     if keep_effective is not None:
@@ -392,79 +389,13 @@ def _result(trials: list[dict], ended: dict, run: _Run, threshold: float,
 def _accumulate_decision(batch: int, effective: int) -> Decision:
     accumulate = math.ceil(effective / batch)
     got = accumulate * batch
-    reason = (f"keep_effective={effective}: {accumulate} micro-batches of {batch} = effective "
-              f"batch {got}")
+    plural = "es" if accumulate > 1 else ""
+    reason = f"keep_effective={effective}: {accumulate} micro-batch{plural} of {batch} = "
+    reason += f"effective batch {got}"
     if got != effective:
         reason += f" ({got - effective} more than asked: {effective} is not a multiple of {batch})"
     return Decision("accumulate", accumulate, reason,
                     evidence={"batch_size": batch, "keep_effective": effective, "effective": got})
-
-
-# ---------------------------------------------------------------------------------- validation
-
-def _problems(model, dataset, loss_fn, device, candidates, max_memory_fraction, keep_effective,
-              steps, warmup, repeats, threshold, memory_limit_bytes, budget_s) -> list[str]:
-    out = [] if isinstance(model, nn.Module) else [(
-        f"model={type(model).__name__} is invalid: must be a torch.nn.Module. Pass the module "
-        "itself, not its state_dict or a factory.")]
-    out += _dataset_problems(dataset)
-    if not callable(loss_fn):
-        out.append(f"loss_fn={loss_fn!r} is invalid: must be callable as loss_fn(outputs, "
-                   "targets), e.g. torch.nn.functional.cross_entropy.")
-    out += [p for p in [device_problem(device)] if p]
-    out += _candidate_problems(candidates)
-    if not _is_real(max_memory_fraction) or not 0 < max_memory_fraction <= 1:
-        out.append(f"max_memory_fraction={max_memory_fraction!r} is invalid: must be in (0, 1], "
-                   "e.g. 0.9 to keep 10% headroom.")
-    for name, value, low, what, optional in (
-            ("keep_effective", keep_effective, 1, "the effective batch to hold, or None", True),
-            ("steps", steps, 1, "timed steps per repeat", False),
-            ("warmup", warmup, 0, "untimed steps first; 0 = none", False),
-            ("repeats", repeats, 1, "repeats; the median is reported", False),
-            ("memory_limit_bytes", memory_limit_bytes, 1, "bytes, or None for no limit", True)):
-        if not ((optional and value is None) or (_is_int(value) and value >= low)):
-            out.append(f"{name}={value!r} is invalid: must be an integer >= {low} ({what}).")
-    if not _is_real(threshold) or not 0 <= threshold < 1:
-        out.append(f"threshold={threshold!r} is invalid: must be in [0, 1), e.g. 0.05 for 5%.")
-    if budget_s is not None and (not _is_real(budget_s) or not 0 < budget_s < math.inf):
-        out.append(f"budget_s={budget_s!r} is invalid: must be a number of seconds > 0, or None "
-                   "for no time limit.")
-    return out
-
-
-def _dataset_problems(dataset: Any) -> list[str]:
-    if not (hasattr(dataset, "__getitem__") and hasattr(dataset, "__len__")):
-        return [(f"dataset={type(dataset).__name__} is invalid: must be map-style (__getitem__ "
-                 "and __len__), e.g. a TensorDataset. Collect an iterable's samples into a list.")]
-    if len(dataset) == 0:
-        return ["dataset is empty (len 0): nothing to measure. Pass at least one sample."]
-    try:
-        sample = dataset[0]
-    except (IndexError, KeyError, TypeError) as err:
-        return [f"dataset[0] failed ({type(err).__name__}: {err}): must index samples 0..len-1."]
-    if not (isinstance(sample, (tuple, list)) and len(sample) == 2
-            and isinstance(sample[0], torch.Tensor)):
-        return [(f"dataset[0] is a {type(sample).__name__}: must be an (input tensor, target) "
-                 "pair, as TensorDataset(inputs, targets) returns.")]
-    return []
-
-
-def _candidate_problems(candidates: Any) -> list[str]:
-    if candidates is None:
-        return []
-    items = list(candidates) if isinstance(candidates, (list, tuple, range)) else None
-    if not items or not all(_is_int(c) and c >= 1 for c in items):
-        return [(f"candidates={candidates!r} is invalid: must be a non-empty list of positive "
-                 "integers, e.g. [64, 128, 256], or None for the automatic sweep.")]
-    return []
-
-
-def _is_int(value: Any) -> bool:
-    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
-
-
-def _is_real(value: Any) -> bool:
-    return isinstance(value, numbers.Real) and not isinstance(value, bool)
 
 
 def _fmt_bytes(count: float) -> str:
