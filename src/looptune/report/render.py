@@ -7,6 +7,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from looptune._format import format_bytes
 from looptune.bench.results import BenchResults
 
 __all__ = ["wide_console", "columns", "bench_rows", "bench_table", "bench_markdown", "bench_notes", "format_bytes"]
@@ -20,16 +21,6 @@ def wide_console() -> Console:
     """A stdout console; 140 columns when writing to a file or pipe, so tables are not squeezed."""
     console = Console()
     return console if console.is_terminal else Console(width=140)
-
-
-def format_bytes(n: int | None) -> str:
-    if n is None:
-        return "n/a"
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if abs(n) < 1024 or unit == "GiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return f"{n:.1f} GiB"  # unreachable: the loop returns at GiB
 
 
 def columns(results: BenchResults) -> list[str]:

@@ -29,6 +29,7 @@ from looptune.errors import ConfigError, MeasurementError
 from looptune.measure.memory import PeakMemory
 from looptune.measure.timing import Stopwatch
 from looptune.recipe import Decision
+from looptune._format import format_bytes
 from looptune.tune import _batch_checks
 
 __all__ = ["BatchSizeResult", "pick_knee", "tune_batch_size"]
@@ -181,7 +182,7 @@ def _memory_phrase(knee: dict, best: dict) -> str:
     ratio = small / big
     if abs(ratio - 0.5) < 0.05:
         return " at half the memory"
-    return f" at {ratio:.0%} of its memory ({_fmt_bytes(small)} vs {_fmt_bytes(big)})"
+    return f" at {ratio:.0%} of its memory ({format_bytes(small)} vs {format_bytes(big)})"
 
 
 # ---------------------------------------------------------------------------------- the search
@@ -320,8 +321,8 @@ def _cpu_peak_estimate(run: _Run, inputs: torch.Tensor, targets: torch.Tensor) -
     estimate = sum(nbytes for nbytes, _ in storages.values())
     if run.memory_limit is not None and estimate > run.memory_limit:
         raise torch.OutOfMemoryError(
-            f"the step's tensors are estimated at {_fmt_bytes(estimate)}, over "
-            f"memory_limit_bytes={run.memory_limit} ({_fmt_bytes(run.memory_limit)})")
+            f"the step's tensors are estimated at {format_bytes(estimate)}, over "
+            f"memory_limit_bytes={run.memory_limit} ({format_bytes(run.memory_limit)})")
     return estimate
 
 
@@ -335,8 +336,8 @@ def _timed_trial(run: _Run, size: int, seconds: list[float], peak: int | None) -
               f"{run.repeats} x {run.steps} steps after {run.warmup} warm-up)")
     limit = run.memory_limit
     if limit is not None and peak is not None and peak > run.max_fraction * limit:
-        return _trial(run, size, "over_memory", f"{timing}; peak {_fmt_bytes(peak)} > "
-                      f"{run.max_fraction:.0%} of {_fmt_bytes(limit)}", rate, median, peak)
+        return _trial(run, size, "over_memory", f"{timing}; peak {format_bytes(peak)} > "
+                      f"{run.max_fraction:.0%} of {format_bytes(limit)}", rate, median, peak)
     return _trial(run, size, "ok", timing, rate, median, peak)
 
 
@@ -396,10 +397,3 @@ def _accumulate_decision(batch: int, effective: int) -> Decision:
         reason += f" ({got - effective} more than asked: {effective} is not a multiple of {batch})"
     return Decision("accumulate", accumulate, reason,
                     evidence={"batch_size": batch, "keep_effective": effective, "effective": got})
-
-
-def _fmt_bytes(count: float) -> str:
-    if count < 1024:
-        return f"{count:.0f} B"
-    exponent = min(3, int(math.log(count, 1024)))
-    return f"{count / 1024 ** exponent:.1f} {('KiB', 'MiB', 'GiB')[exponent - 1]}"
