@@ -162,3 +162,17 @@ def test_cli_tune_batch_size_needs_a_model(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "looptune", "tune", "batch-size", "--dataset", "m:d"],
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2 and "needs --model" in proc.stderr
+
+
+def test_prefetch_and_persistent_workers_are_measured_choices_once_workers_are_used():
+    search = tl._Search(cheap(1024), 64, torch.device("cpu"), None, None, batches=4, warmup=1,
+                        repeats=1, threshold=0.03, deadline=float("inf"))
+    settings = {"num_workers": 1}
+    prefetch = tl._choose_prefetch(search, settings)
+    persistent = tl._choose_persistent(search, settings)
+    assert prefetch.name == "prefetch_factor" and prefetch.value in (2, 4)
+    assert persistent.name == "persistent_workers" and persistent.value in (True, False)
+    for d in (prefetch, persistent):
+        assert d.evidence["with"]["samples_per_s"] and d.evidence["without"]["samples_per_s"]
+        assert "samples/s" in d.reason
+    assert tl._choose_prefetch(search, {"num_workers": 0}) is None  # nothing to prefetch into
