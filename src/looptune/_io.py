@@ -6,7 +6,7 @@ import os
 import tempfile
 from pathlib import Path
 
-__all__ = ["atomic_write_bytes", "atomic_write_text", "writable_problem"]
+__all__ = ["atomic_write_bytes", "atomic_write_text", "fsync_dir", "writable_problem"]
 
 
 def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> Path:
@@ -23,7 +23,7 @@ def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> Path:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
-    _fsync_dir(path.parent)
+    fsync_dir(path.parent)
     return path
 
 
@@ -31,7 +31,8 @@ def atomic_write_text(path: str | os.PathLike, text: str) -> Path:
     return atomic_write_bytes(path, text.encode("utf-8"))
 
 
-def _fsync_dir(folder: Path) -> None:
+def fsync_dir(folder: Path) -> None:
+    """Make renames and creations inside ``folder`` durable (best effort where unsupported)."""
     try:
         fd = os.open(folder, os.O_RDONLY)
     except OSError:  # some platforms cannot open folders; the rename itself is still atomic
