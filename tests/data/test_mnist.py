@@ -431,3 +431,16 @@ def test_real_mnist(mnist_dir: Path) -> None:
         assert x.shape == (count, 28, 28) and x.dtype == torch.uint8
         assert y.shape == (count,) and y.dtype == torch.int64
         assert int(y.min()) == 0 and int(y.max()) == 9
+
+
+@pytest.mark.integration
+def test_verify_then_load_hashes_each_file_once(mnist_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    mnist.clear_cache()
+    calls: list[Path] = []
+    original = mnist._check_sha256
+    monkeypatch.setattr(mnist, "_check_sha256", lambda data, *, path, expected: calls.append(path) or original(data, path=path, expected=expected))
+    mnist.verify(mnist_dir)
+    mnist.load("train", data_dir=mnist_dir)
+    mnist.load("test", data_dir=mnist_dir)
+    assert len(calls) == 4  # the bench's up-front check already proved the files
+    mnist.clear_cache()
