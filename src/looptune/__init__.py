@@ -8,6 +8,7 @@ __version__ = "0.1.0"
 from looptune.api import train  # noqa: E402
 from looptune.bench.results import BenchResults  # noqa: E402
 from looptune.bench.runner import bench  # noqa: E402
+from looptune.data.pack import open_packed, pack, verify_packed  # noqa: E402
 from looptune.diagnose.result import Diagnosis  # noqa: E402
 from looptune.diagnose.runner import diagnose, watch  # noqa: E402
 from looptune.tune.batch import tune_batch_size  # noqa: E402
@@ -19,7 +20,8 @@ from looptune.recipe import (Decision, LoaderConfig, OptimConfig, Recipe,  # noq
                              ScheduleConfig, StepConfig)
 
 __all__ = [
-    "__version__", "train", "bench", "diagnose", "watch", "Diagnosis", "tune_loader", "tune_batch_size", "BenchResults", "RunResult", "Recipe", "LoaderConfig",
-    "StepConfig", "OptimConfig", "ScheduleConfig", "RECIPES", "Decision", "LooptuneError",
+    "__version__", "train", "bench", "diagnose", "watch", "Diagnosis", "tune_loader",
+    "tune_batch_size", "pack", "open_packed", "verify_packed", "BenchResults", "RunResult",
+    "Recipe", "LoaderConfig", "StepConfig", "OptimConfig", "ScheduleConfig", "RECIPES", "Decision", "LooptuneError",
     "ConfigError", "DataError", "MeasurementError",
 ]

@@ -11,7 +11,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 from looptune.data import loaders
-from looptune.data.loaders import ImageData
+from looptune.data.loaders import BatchedData, ImageData, has_get_batch
 from looptune.data.user import UserLoaderSource, is_map_dataset, tensorize
 from looptune.engine.device import device_problem, resolve_device
 from looptune.engine.loop import Progress, RunOptions
@@ -44,8 +44,10 @@ def train(model: torch.nn.Module, train_data: Dataset | DataLoader | ImageData, 
     Args:
         model: any ``nn.Module``; moved to the device.
         train_data: a map-style Dataset of ``(input, target)`` tensors (decoded once into
-            tensors for the ``tensorized``/``prefetch``/``device`` strategies), any DataLoader
-            (used as given; needs strategy ``dataloader``), or an ``ImageData``.
+            tensors for the ``tensorized``/``prefetch``/``device`` strategies), a dataset with
+            ``get_batch(indices)`` such as ``looptune.open_packed(path)`` (read a whole batch at
+            a time by every strategy, never decoded per sample), any DataLoader (used as given;
+            needs strategy ``dataloader``), or an ``ImageData``/``BatchedData``.
         recipe: a built-in name (``looptune.presets.RECIPES``) or a Recipe.
         loss_fn: ``loss_fn(outputs, targets) -> scalar``.
         eval_data: optional Dataset/DataLoader/ImageData scored after training (and per epoch
@@ -92,7 +94,8 @@ def _check(model, train_data, recipe, loss_fn, options: RunOptions, device: str)
         problems.append(f"model is a {type(model).__name__}: pass a torch.nn.Module.")
     if not callable(loss_fn):
         problems.append(f"loss_fn={loss_fn!r} is not callable: pass e.g. torch.nn.CrossEntropyLoss().")
-    if not (isinstance(train_data, (DataLoader, ImageData)) or is_map_dataset(train_data)):
+    if not (isinstance(train_data, (DataLoader, ImageData, BatchedData))
+            or is_map_dataset(train_data)):
         problems.append(f"train_data is a {type(train_data).__name__}: pass a map-style Dataset "
                         "(with __getitem__ and __len__), a DataLoader, or an ImageData.")
     problems += [p for p in [device_problem(device)] if p]
@@ -113,7 +116,9 @@ def _check(model, train_data, recipe, loss_fn, options: RunOptions, device: str)
 def _source(train_data, recipe: Recipe, device: torch.device, seed: int):
     if isinstance(train_data, DataLoader):
         return UserLoaderSource(train_data, device, recipe.loader.non_blocking)
-    if not isinstance(train_data, ImageData) and recipe.loader.decode == "tensorized":
+    if has_get_batch(train_data) and not isinstance(train_data, BatchedData):
+        train_data = BatchedData(train_data)  # e.g. open_packed(): batches read whole, no decode
+    if not isinstance(train_data, (ImageData, BatchedData)) and recipe.loader.decode == "tensorized":
         train_data = tensorize(train_data)  # decode once: batches become index gathers
     return loaders.make(recipe.loader, train_data, device=device, seed=seed)
 
@@ -122,7 +127,12 @@ def _evaluator(eval_data, metric: Metric, device: torch.device):
     if isinstance(eval_data, DataLoader):
         batches = eval_data
     else:
-        data = eval_data if isinstance(eval_data, ImageData) else tensorize(eval_data)
+        if isinstance(eval_data, (ImageData, BatchedData)):
+            data = eval_data.materialize()
+        elif has_get_batch(eval_data):
+            data = BatchedData(eval_data).materialize()
+        else:
+            data = tensorize(eval_data)
         batches = list(zip(data.images.split(1024), data.labels.split(1024)))
         prepare = (lambda x: loaders.normalize_batch(x, data.mean, data.std))
 

@@ -48,3 +48,11 @@ def test_tune_quality_smoke():
                           capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.count("quality") == 2 and "grid best" in proc.stdout
+
+
+def test_pack_gain_smoke(tmp_path):
+    proc = subprocess.run([sys.executable, str(BENCHMARKS / "pack_gain.py"), "--smoke",
+                           "--dir", str(tmp_path)], capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr
+    assert "packed, whole batches" in proc.stdout and "GB/s" in proc.stdout
+    assert "each at its best worker setting" in proc.stdout

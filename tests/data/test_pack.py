@@ -333,11 +333,11 @@ def test_disk_full_mid_write_leaves_no_out_and_keeps_old(tmp_path, monkeypatch):
         return real(path, data)
 
     monkeypatch.setattr(writer, "_write_shard", full)
-    with pytest.raises(OSError, match="No space"):
+    with pytest.raises(DataError, match=r"disk holding .* is full \(No space.*nothing was changed"):
         pack(_tuple_ds(10), tmp_path / "q", shard_bytes=24 * 2)
     assert not (tmp_path / "q").exists()
     calls.clear()
-    with pytest.raises(OSError, match="No space"):
+    with pytest.raises(DataError, match="No space"):
         pack(_tuple_ds(10), out, shard_bytes=24 * 2, overwrite=True)
     assert len(open_packed(out)) == 2 and verify_packed(out) == []
     assert sorted(p.name for p in tmp_path.iterdir()) == ["p"]
@@ -390,8 +390,34 @@ def test_bfloat16_and_non_string_key_refused(tmp_path):
 
 def test_bad_arguments_collected(tmp_path):
     with pytest.raises(ConfigError) as err:
-        pack(iter([1]), tmp_path / "missing" / "p", shard_bytes=0)
-    assert len(err.value.problems) == 3
+        pack(iter([1]), tmp_path / "missing" / "p", shard_bytes=0, format="tfrecord", workers=-1)
+    assert len(err.value.problems) == 5
+    text = str(err.value)
+    assert "format='tfrecord' is invalid: allowed memmap, lmdb" in text
+    assert "workers=-1 is invalid" in text
+
+
+def test_other_os_errors_are_not_called_disk_full(tmp_path, monkeypatch):
+    def denied(path, data):
+        raise PermissionError(errno.EACCES, "Permission denied")
+
+    monkeypatch.setattr(writer, "_write_shard", denied)
+    with pytest.raises(PermissionError):
+        pack(_tuple_ds(3), tmp_path / "p")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_workers_read_in_order_and_give_the_same_pack(tmp_path):
+    ds = _tuple_ds(150)  # > one 64-sample worker chunk, several chunks per worker
+    a = pack(ds, tmp_path / "a", shard_bytes=24 * 40)
+    b = pack(ds, tmp_path / "b", shard_bytes=24 * 40, workers=2)
+    ha, hb = json.loads((a / "header.json").read_text()), json.loads((b / "header.json").read_text())
+    assert ha["shards"] == hb["shards"]  # same bytes, same hashes
+
+
+def test_memmap_refuses_variable_shapes_and_points_at_lmdb(tmp_path):
+    with pytest.raises(DataError, match="format='lmdb'"):
+        pack([torch.zeros(3), torch.zeros(4)], tmp_path / "p")
 
 
 def test_format_module_round_trip():
@@ -400,7 +426,31 @@ def test_format_module_round_trip():
     h = fmt.build_header(num_samples=3, kind="single", fields=[spec], shards=[shard])
     parsed = fmt.parse_header(fmt.header_to_text(h), "x")
     assert parsed.fields == (spec,) and parsed.shards == (shard,) and parsed.kind == "single"
-    assert parsed.fields[0].sample_bytes == 8
+    assert parsed.fields[0].sample_bytes == 8 and parsed.storage == "memmap"
+
+
+def test_record_codec_round_trip_and_corruption():
+    fields = (fmt.FieldSpec("x", "<f4", (None, 2)), fmt.FieldSpec("y", "<i8", ()))
+    arrays = [np.arange(6, dtype=np.float32).reshape(3, 2), np.array(7)]
+    rec = fmt.encode_record(arrays, fields)
+    assert len(rec) == (2 * 8 + 24) + (0 + 8)  # x: 2 dims + 6 floats; y: 0 dims + one int64
+    back = fmt.decode_record(rec, fields)
+    assert np.array_equal(back[0], arrays[0]) and int(back[1]) == 7
+    with pytest.raises(DataError, match="corrupt"):
+        fmt.decode_record(rec + b"x", fields)
+    assert fmt.record_key(1) < fmt.record_key(256)  # big-endian: byte order == index order
+
+
+def test_variable_shape_only_allowed_in_lmdb_header():
+    h = fmt.build_header(num_samples=1, kind="single",
+                         fields=[fmt.FieldSpec("0", "<f4", (None,))],
+                         shards=[fmt.ShardSpec("*", "shard-00000.lmdb", 0, 1, 99, "ab")],
+                         storage="lmdb")
+    assert fmt.parse_header(fmt.header_to_text(h), "x").fields[0].shape == (None,)
+    with pytest.raises(DataError, match="malformed"):
+        fmt.parse_header(fmt.header_to_text({**h, "storage": "memmap"}), "x")
+    with pytest.raises(DataError, match="malformed"):
+        fmt.parse_header(fmt.header_to_text({**h, "storage": "tfrecord"}), "x")
 
 
 def test_header_layout_errors_are_data_errors():

@@ -56,6 +56,15 @@ def _load_mnist(*, data_dir: str | None = None) -> tuple[ImageData, ImageData]:
     return train, test
 
 
+def mnist_train() -> torch.utils.data.TensorDataset:
+    """MNIST's training split as ``(uint8 28x28 image, int64 label)`` samples, from ``--data``'s
+    usual search ($LOOPTUNE_DATA, then the user cache): a ready ``--dataset`` for ``looptune pack``
+    (``looptune pack --dataset looptune.bench.workloads:mnist_train mnist-train.pack``)."""
+    from looptune.data import mnist
+
+    return torch.utils.data.TensorDataset(*mnist.load("train"))
+
+
 WORKLOADS: dict[str, Workload] = {
     "mnist-mlp": Workload(
         name="mnist-mlp",

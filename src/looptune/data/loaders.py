@@ -27,7 +27,7 @@ from torch.utils.data import DataLoader, Dataset, Sampler, TensorDataset
 
 from looptune.recipe import LoaderConfig
 
-__all__ = ["ImageData", "BatchSource", "epoch_permutation", "normalize_batch",
+__all__ = ["ImageData", "BatchedData", "BatchSource", "has_get_batch", "epoch_permutation", "normalize_batch",
            "reference_transform", "num_batches", "batch_indices", "make"]
 
 Batch = tuple[torch.Tensor, torch.Tensor]
@@ -48,6 +48,61 @@ class ImageData:
 
     def __len__(self) -> int:
         return int(self.labels.shape[0])
+
+    def gather(self, index: torch.Tensor, out: Batch | None = None) -> Batch:
+        """Rows ``index`` of images and labels; into the leading rows of ``out`` when given."""
+        if out is None:
+            return self.images.index_select(0, index), self.labels.index_select(0, index)
+        rows = len(index)  # the last batch may be partial: fill a prefix of the full-size buffer
+        return (torch.index_select(self.images, 0, index, out=out[0][:rows]),
+                torch.index_select(self.labels, 0, index, out=out[1][:rows]))
+
+    def layout(self) -> tuple[tuple[int, ...], torch.dtype, tuple[int, ...], torch.dtype]:
+        """Per-sample (input shape, input dtype, target shape, target dtype)."""
+        return (tuple(self.images.shape[1:]), self.images.dtype, tuple(self.labels.shape[1:]),
+                self.labels.dtype)
+
+    def materialize(self) -> ImageData:
+        return self
+
+
+@dataclass(frozen=True)
+class BatchedData:
+    """A dataset that reads whole batches itself: ``dataset.get_batch(indices) -> (inputs,
+    targets)`` (e.g. :func:`looptune.open_packed`). Every strategy gathers through it, so no
+    per-sample Python runs: ``dataloader`` workers each read whole batches, ``prefetch`` reads in
+    its thread, ``device`` reads everything once with one call.
+
+    ``mean``/``std`` as for :class:`ImageData` (uint8 inputs normalized on the device).
+    """
+
+    dataset: object  # has __len__ and get_batch(indices) -> (inputs, targets)
+    mean: float | None = None
+    std: float | None = None
+
+    def __len__(self) -> int:
+        return len(self.dataset)  # type: ignore[arg-type]
+
+    def gather(self, index: torch.Tensor, out: Batch | None = None) -> Batch:
+        x, y = self.dataset.get_batch(index)  # type: ignore[attr-defined]
+        if out is None:
+            return x, y
+        rows = len(index)
+        return out[0][:rows].copy_(x), out[1][:rows].copy_(y)
+
+    def layout(self) -> tuple[tuple[int, ...], torch.dtype, tuple[int, ...], torch.dtype]:
+        x, y = self.dataset.get_batch([0])  # type: ignore[attr-defined]
+        return tuple(x.shape[1:]), x.dtype, tuple(y.shape[1:]), y.dtype
+
+    def materialize(self) -> ImageData:
+        """Everything in memory as tensors: one ``get_batch`` over all indices."""
+        x, y = self.dataset.get_batch(torch.arange(len(self)))  # type: ignore[attr-defined]
+        return ImageData(x, y, self.mean, self.std)
+
+
+def has_get_batch(data: object) -> bool:
+    """Whether ``data`` reads whole batches itself (a packed dataset, or anything alike)."""
+    return callable(getattr(data, "get_batch", None)) and hasattr(data, "__len__")
 
 
 class BatchSource(Protocol):
@@ -199,16 +254,16 @@ class PerSampleImages(Dataset):
 
 
 class TensorBatches(Dataset):
-    """Gathers a whole batch of uint8 images per call: ``ds[index_tensor] -> (x_uint8, y)``."""
+    """Gathers a whole batch per call: ``ds[index_tensor] -> (x, y)`` (tensors or a packed set)."""
 
-    def __init__(self, data: ImageData) -> None:
-        self.images, self.labels = data.images, data.labels
+    def __init__(self, data: ImageData | BatchedData) -> None:
+        self.data = data
 
     def __len__(self) -> int:
-        return int(self.labels.shape[0])
+        return len(self.data)
 
     def __getitem__(self, index: torch.Tensor) -> Batch:
-        return self.images.index_select(0, index), self.labels.index_select(0, index)
+        return self.data.gather(index)
 
 
 class LoaderSource:
@@ -250,7 +305,7 @@ def _build_dataloader(cfg: LoaderConfig, data: ImageData | Dataset, seed: int) -
     common = {"num_workers": cfg.num_workers, "pin_memory": cfg.pin_memory, **workers}
     if cfg.decode == "per_sample":
         # ImageData: the reference's PIL decode per sample; any other Dataset: its own __getitem__
-        per_sample = data
+        per_sample = data.dataset if isinstance(data, BatchedData) else data
         if isinstance(data, ImageData):
             per_sample = (PerSampleImages(data) if data.mean is not None
                           else TensorDataset(data.images, data.labels))
@@ -264,8 +319,10 @@ def _build_dataloader(cfg: LoaderConfig, data: ImageData | Dataset, seed: int) -
 class DeviceSource:
     """The ``device`` strategy: the uint8 dataset resident on the device, shuffled there per epoch."""
 
-    def __init__(self, cfg: LoaderConfig, data: ImageData, device: torch.device, seed: int):
+    def __init__(self, cfg: LoaderConfig, data: ImageData | BatchedData, device: torch.device,
+                 seed: int):
         self.cfg, self.seed, self.mean, self.std = cfg, seed, data.mean, data.std
+        data = data.materialize()  # a packed dataset: read once, vectorized
         self.images = data.images.to(device)  # uint8 stays uint8 on the device: 4x less memory
         self.labels = data.labels.to(device)
         self.n = len(data)
@@ -301,12 +358,14 @@ def _samples_per_epoch(n: int, cfg: LoaderConfig) -> int:
     return num_batches(n, cfg.batch_size, True) * cfg.batch_size if cfg.drop_last else n
 
 
-def make(cfg: LoaderConfig, data: ImageData, *, device: torch.device, seed: int) -> BatchSource:
+def make(cfg: LoaderConfig, data: ImageData | BatchedData, *, device: torch.device,
+         seed: int) -> BatchSource:
     """Build the batch source a (resolved) loader config asks for.
 
     Args:
         cfg: the loader settings, already resolved for ``device`` (see ``recipe.resolve``).
-        data: the training images and labels as tensors.
+        data: the training images and labels as tensors, or a dataset that reads whole batches
+            (:class:`BatchedData`, e.g. a packed dataset).
         device: the training device; ``device`` strategy copies the dataset there once.
         seed: shuffle seed; epoch ``e`` uses ``epoch_permutation(len(data), seed=seed, epoch=e)``.
 

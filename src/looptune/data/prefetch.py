@@ -88,12 +88,12 @@ class PrefetchSource:
         ...     x, y = source.to_device(x, y)
     """
 
-    def __init__(self, cfg: LoaderConfig, data: loaders.ImageData, *, device: torch.device,
-                 seed: int) -> None:
+    def __init__(self, cfg: LoaderConfig, data: loaders.ImageData | loaders.BatchedData, *,
+                 device: torch.device, seed: int) -> None:
         self.depth = _check_depth(cfg.prefetch_factor)
         self.cfg, self.seed, self.mean, self.std = cfg, seed, data.mean, data.std
         self.device = _resolve_device(torch.device(device))
-        self.images, self.labels = data.images, data.labels  # stay in host memory
+        self.data = data  # stays in host memory (tensors, or a packed dataset read per batch)
         self.n = len(data)
         self.samples_per_epoch = loaders._samples_per_epoch(self.n, cfg)
         self._active: _Producer | None = None
@@ -166,10 +166,10 @@ class PrefetchSource:
     def _stager(self) -> _HostStager | _CudaStager:
         if _side_stream_path(self.device):
             pin = self.cfg.pin_memory  # pageable when off: correct, only the copy is slower
-            return _CudaStager(self.images, self.labels, slots=self.depth + 1, device=self.device,
+            return _CudaStager(self.data, slots=self.depth + 1, device=self.device,
                                batch_size=self.cfg.batch_size, pin=pin,
                                non_blocking=self.cfg.non_blocking)
-        return _HostStager(self.images, self.labels)
+        return _HostStager(self.data)
 
     def _hand_over(self, staged: _Staged) -> Batch:
         """Make a staged batch safe to use on the training thread's current stream."""
@@ -211,25 +211,21 @@ def _side_stream_path(device: torch.device) -> bool:
     return device.type == "cuda"
 
 
-def _gather(images: torch.Tensor, labels: torch.Tensor, index: torch.Tensor,
+def _gather(data: loaders.ImageData | loaders.BatchedData, index: torch.Tensor,
             out: Batch | None = None) -> Batch:
-    """Rows ``index`` of images and labels; into the leading rows of ``out`` buffers when given."""
-    if out is None:
-        return images.index_select(0, index), labels.index_select(0, index)
-    rows = len(index)  # the last batch may be partial: fill a prefix of the full-size buffer
-    return (torch.index_select(images, 0, index, out=out[0][:rows]),
-            torch.index_select(labels, 0, index, out=out[1][:rows]))
+    """Rows ``index`` of inputs and targets; into the leading rows of ``out`` buffers when given."""
+    return data.gather(index, out)
 
 
 class _HostStager:
     """CPU (and non-CUDA) path: the producer thread only gathers, into fresh host tensors."""
 
-    def __init__(self, images: torch.Tensor, labels: torch.Tensor) -> None:
-        self.images, self.labels = images, labels
+    def __init__(self, data: loaders.ImageData | loaders.BatchedData) -> None:
+        self.data = data
 
     def __call__(self, i: int, index: torch.Tensor) -> _Staged:
         # fresh tensors, not a ring: the training loop may keep a yielded batch indefinitely
-        return _Staged(*_gather(self.images, self.labels, index))
+        return _Staged(*_gather(self.data, index))
 
     def context(self) -> contextlib.AbstractContextManager:
         return contextlib.nullcontext()
@@ -238,16 +234,16 @@ class _HostStager:
 class _CudaStager:
     """CUDA path: gather into a ring of host buffers, copy on a side stream, record an event."""
 
-    def __init__(self, images: torch.Tensor, labels: torch.Tensor, *, slots: int,
+    def __init__(self, data: loaders.ImageData | loaders.BatchedData, *, slots: int,
                  device: torch.device, batch_size: int, pin: bool, non_blocking: bool) -> None:
-        self.images, self.labels, self.device = images, labels, device
+        self.data, self.device = data, device
         self.non_blocking = non_blocking
         self.stream = torch.cuda.Stream(device=device)
         # allocated once per epoch, not per batch: page-locking is costly (and the host caching
         # allocator reuses freed pinned blocks across epochs, after their in-flight copies)
-        shape = (batch_size, *images.shape[1:])
-        self.ring = [(torch.empty(shape, dtype=images.dtype, pin_memory=pin),
-                      torch.empty((batch_size,), dtype=labels.dtype, pin_memory=pin))
+        x_shape, x_dtype, y_shape, y_dtype = data.layout()
+        self.ring = [(torch.empty((batch_size, *x_shape), dtype=x_dtype, pin_memory=pin),
+                      torch.empty((batch_size, *y_shape), dtype=y_dtype, pin_memory=pin))
                      for _ in range(slots)]
         self.copied: list[Any] = [None] * slots  # per slot: event after its latest H2D copy
 
@@ -264,7 +260,7 @@ class _CudaStager:
             # sync: the producer thread (not the training thread) waits until the slot's previous
             # copy has read the buffer; with depth + 1 slots it has almost always finished
             self.copied[slot].synchronize()
-        x_host, y_host = _gather(self.images, self.labels, index, out=self.ring[slot])
+        x_host, y_host = _gather(self.data, index, out=self.ring[slot])
         # on self.stream (entered by the thread). sync: with non_blocking=False each copy waits
         # for the side stream, but in the producer thread only; the training thread never blocks
         # copy=True: a yielded batch must never alias the ring (a no-op on CUDA, which always

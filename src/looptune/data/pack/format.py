@@ -1,19 +1,30 @@
 """The packed-dataset format: folder layout, header schema and version. The only module that knows it.
 
-A packed dataset is a folder::
+A packed dataset is a folder holding ``header.json`` (UTF-8 JSON, written last: no header, no
+dataset) and shard files in one of two storages:
 
-    header.json          the header below (UTF-8 JSON), written last: no header, no dataset
+``memmap`` (fixed shapes; vectorized reads)::
+
     FIELD-00000.bin      shard 0 of field FIELD: raw C-order array of ``count x shape``
     FIELD-00001.bin      ...
 
-Every value in a shard file is stored **little-endian** (dtype strings always carry ``<`` or ``|``),
-whatever the machine that wrote it. Shard ``k`` of every field holds the same samples
-``[first, first + count)``, so one index maps to one shard for all fields.
+Shard ``k`` of every field holds the same samples ``[first, first + count)``, so one index maps to
+one shard for all fields.
+
+``lmdb`` (variable shapes allowed; needs the ``lmdb`` package)::
+
+    shard-00000.lmdb     one LMDB environment file (``subdir=False``) holding samples
+                         ``[first, first + count)``: key = the sample index as 8 big-endian bytes,
+                         value = :func:`encode_record` of the sample (every field: its shape as
+                         ``ndim`` little-endian int64, then its bytes)
+
+Every value in every file is stored **little-endian** (dtype strings always carry ``<`` or ``|``),
+whatever the machine that wrote it.
 
 Header (version 1)::
 
     {"format": "looptune-pack", "version": 1, "looptune_version": "0.1.0",
-     "num_samples": 1000,
+     "storage": "memmap" | "lmdb", "num_samples": 1000,
      "structure": {"kind": "tuple" | "list" | "dict" | "single" | "empty", "fields": [names]},
      "fields": [{"name": "0", "dtype": "<f4", "shape": [28, 28]}, ...],
      "shards": [{"field": "0", "file": "0-00000.bin", "first": 0, "count": 500,
@@ -22,6 +33,10 @@ Header (version 1)::
 ``structure.kind`` says how a sample is rebuilt: ``tuple``/``list`` in field order (field names
 ``"0"``, ``"1"``, ...), ``dict`` with the field names as keys, ``single`` one bare value (field
 ``"0"``), ``empty`` a dataset of 0 samples (no fields: nothing was seen to describe).
+
+A field's ``shape`` holds ``null`` for a dimension that varies between samples (``lmdb`` only; the
+number of dimensions never varies). An ``lmdb`` shard names ``"field": "*"`` (it holds every field)
+and its ``bytes`` is the file size.
 
 Example:
     >>> header = build_header(num_samples=2, kind="single",
@@ -44,18 +59,24 @@ import numpy as np
 from looptune.errors import DataError
 
 __all__ = [
+    "ALL_FIELDS",
     "FORMAT_NAME",
     "FORMAT_VERSION",
     "HEADER_NAME",
+    "STORAGES",
     "FieldSpec",
     "Header",
     "ShardSpec",
+    "Storage",
     "StructureKind",
     "build_header",
+    "decode_record",
+    "encode_record",
     "header_to_text",
     "le_dtype_str",
     "parse_header",
     "read_header",
+    "record_key",
     "shard_file_name",
 ]
 
@@ -64,6 +85,9 @@ FORMAT_VERSION = 1
 HEADER_NAME = "header.json"
 StructureKind = Literal["tuple", "list", "dict", "single", "empty"]
 _KINDS = ("tuple", "list", "dict", "single", "empty")
+Storage = Literal["memmap", "lmdb"]
+STORAGES: tuple[str, ...] = ("memmap", "lmdb")
+ALL_FIELDS = "*"  # ShardSpec.field of an lmdb shard: it holds every field
 # format version -> the newest looptune release known to read it (for the "use looptune X" fix)
 _READERS = {1: "0.1.x"}
 _SAFE_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}$")
@@ -73,11 +97,18 @@ _SAFE_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}$")
 class FieldSpec:
     name: str  # "0", "1", ... for tuples/lists/single; the key for dicts
     dtype: str  # numpy dtype string, explicit little-endian: "<f4", "|u1", "|b1"
-    shape: tuple[int, ...]  # per-sample shape; () for scalars
+    shape: tuple[int | None, ...]  # per-sample shape; () for scalars; None: varies (lmdb only)
+
+    @property
+    def fixed(self) -> bool:
+        return None not in self.shape
 
     @property
     def sample_bytes(self) -> int:
-        return int(np.dtype(self.dtype).itemsize * math.prod(self.shape))
+        """Bytes of one sample of this field (fixed shapes only)."""
+        if not self.fixed:
+            raise ValueError(f"field {self.name!r} has a variable shape {self.shape}")
+        return int(np.dtype(self.dtype).itemsize * math.prod(self.shape))  # type: ignore[arg-type]
 
 
 @dataclass(frozen=True)
@@ -97,6 +128,7 @@ class Header:
     kind: StructureKind
     fields: tuple[FieldSpec, ...]
     shards: tuple[ShardSpec, ...]
+    storage: Storage = "memmap"
     looptune_version: str = "?"
     extra: dict = field(default_factory=dict)
 
@@ -116,13 +148,45 @@ def shard_file_name(index: int, name: str, shard: int) -> str:
     return f"{stem}-{shard:05d}.bin"
 
 
+def record_key(index: int) -> bytes:
+    """The LMDB key of sample ``index``: 8 big-endian bytes, so keys sort in index order."""
+    return int(index).to_bytes(8, "big")
+
+
+def encode_record(arrays: list[np.ndarray], fields: tuple[FieldSpec, ...] | list[FieldSpec]) -> bytes:
+    """One sample as LMDB value bytes: per field, its shape (little-endian int64s), then its data
+    (C order, little-endian)."""
+    parts = []
+    for a, f in zip(arrays, fields):
+        parts.append(np.asarray(a.shape, dtype="<i8").tobytes())
+        parts.append(np.ascontiguousarray(a, dtype=f.dtype).tobytes())
+    return b"".join(parts)
+
+
+def decode_record(buf: bytes | memoryview, fields: tuple[FieldSpec, ...]) -> list[np.ndarray]:
+    """Inverse of :func:`encode_record`: one read-only array per field (views into ``buf``)."""
+    out, pos = [], 0
+    for f in fields:
+        ndim = len(f.shape)
+        shape = tuple(int(d) for d in np.frombuffer(buf, dtype="<i8", count=ndim, offset=pos))
+        pos += 8 * ndim
+        dt = np.dtype(f.dtype)
+        count = math.prod(shape)
+        out.append(np.frombuffer(buf, dtype=dt, count=count, offset=pos).reshape(shape))
+        pos += count * dt.itemsize
+    if pos != len(buf):
+        raise DataError(f"a packed record has {len(buf)} bytes, its fields describe {pos}: the "
+                        "shard is corrupt. Run `looptune pack --verify` and re-pack.")
+    return out
+
+
 def build_header(*, num_samples: int, kind: StructureKind, fields: list[FieldSpec],
-                 shards: list[ShardSpec]) -> dict[str, Any]:
+                 shards: list[ShardSpec], storage: Storage = "memmap") -> dict[str, Any]:
     from looptune import __version__  # late: looptune/__init__ imports the data package
 
     return {
         "format": FORMAT_NAME, "version": FORMAT_VERSION, "looptune_version": __version__,
-        "num_samples": num_samples,
+        "storage": storage, "num_samples": num_samples,
         "structure": {"kind": kind, "fields": [f.name for f in fields]},
         "fields": [{"name": f.name, "dtype": f.dtype, "shape": list(f.shape)} for f in fields],
         "shards": [vars(s).copy() for s in shards],
@@ -185,16 +249,23 @@ def _header_from_raw(raw: dict[str, Any], where: str) -> Header:
     kind = raw["structure"]["kind"]
     if kind not in _KINDS:
         raise ValueError(f"structure.kind={kind!r} is not one of {_KINDS}")
-    fields = tuple(FieldSpec(str(f["name"]), str(f["dtype"]), tuple(int(d) for d in f["shape"]))
+    storage = raw.get("storage", "memmap")
+    if storage not in STORAGES:
+        raise ValueError(f"storage={storage!r} is not one of {STORAGES}")
+    fields = tuple(FieldSpec(str(f["name"]), str(f["dtype"]),
+                             tuple(None if d is None else int(d) for d in f["shape"]))
                    for f in raw["fields"])
     for f in fields:
         dt = np.dtype(f.dtype)
-        if f.dtype[0] not in "<|" or dt.kind not in "biufc" or any(d < 0 for d in f.shape):
+        if (f.dtype[0] not in "<|" or dt.kind not in "biufc"
+                or any(d is not None and d < 0 for d in f.shape)
+                or (storage == "memmap" and not f.fixed)):
             raise ValueError(f"field {f.name!r}: dtype {f.dtype!r} / shape {f.shape} not allowed")
     shards = tuple(ShardSpec(str(s["field"]), str(s["file"]), int(s["first"]), int(s["count"]),
                              int(s["bytes"]), str(s["sha256"])) for s in raw["shards"])
     header = Header(version=int(raw["version"]), num_samples=int(raw["num_samples"]), kind=kind,
-                    fields=fields, shards=shards, looptune_version=str(raw.get("looptune_version")))
+                    fields=fields, shards=shards, storage=storage,
+                    looptune_version=str(raw.get("looptune_version")))
     _check_layout(header)
     return header
 
@@ -207,16 +278,28 @@ def _check_layout(h: Header) -> None:
         raise ValueError(f"structure.kind={h.kind!r} does not fit {len(h.fields)} fields")
     if h.kind == "empty" and h.num_samples:
         raise ValueError("structure.kind='empty' with num_samples > 0")
+    for s in h.shards:
+        if "/" in s.file or "\\" in s.file or s.file.startswith("."):
+            raise ValueError(f"shard file name {s.file!r} is not a plain file name")
+    if h.storage == "lmdb":
+        if any(s.field != ALL_FIELDS for s in h.shards):
+            raise ValueError(f"an lmdb shard must name field {ALL_FIELDS!r}")
+        _check_cover(h.shards, h.num_samples, "lmdb shards", None)
+        return
     if {s.field for s in h.shards} - set(names):
         raise ValueError("a shard names an unknown field")
     for f in h.fields:
-        nxt = 0
-        for s in h.shards_of(f.name):
-            if s.first != nxt or s.count < 1 or s.bytes != s.count * f.sample_bytes:
-                raise ValueError(f"shard {s.file!r} does not continue field {f.name!r} at sample "
-                                 f"{nxt} with {f.sample_bytes} bytes per sample")
-            if "/" in s.file or "\\" in s.file or s.file.startswith("."):
-                raise ValueError(f"shard file name {s.file!r} is not a plain file name")
-            nxt += s.count
-        if nxt != h.num_samples:
-            raise ValueError(f"field {f.name!r} shards cover {nxt} of {h.num_samples} samples")
+        _check_cover(h.shards_of(f.name), h.num_samples, f"field {f.name!r}", f.sample_bytes)
+
+
+def _check_cover(shards: Any, num_samples: int, what: str, sample_bytes: int | None) -> None:
+    nxt = 0
+    for s in shards:
+        if s.first != nxt or s.count < 1 or (sample_bytes is not None
+                                            and s.bytes != s.count * sample_bytes):
+            raise ValueError(f"shard {s.file!r} does not continue {what} at sample {nxt}"
+                             + ("" if sample_bytes is None else
+                                f" with {sample_bytes} bytes per sample"))
+        nxt += s.count
+    if nxt != num_samples:
+        raise ValueError(f"{what} cover {nxt} of {num_samples} samples")

@@ -60,6 +60,18 @@ class PackedDataset(Dataset):
         self._firsts = {name: np.array([s.first for s in shards], dtype=np.int64)
                         for name, shards in self._shards.items()}
         self._maps: dict[str, np.ndarray] = {}
+        self._lmdb = None
+        if self.header.storage == "lmdb":
+            from looptune.data.pack.lmdb_store import (
+                LmdbStore,  # only lmdb datasets need lmdb
+            )
+
+            self._lmdb = LmdbStore(self.path, self.header)
+
+    @property
+    def storage(self) -> str:
+        """``"memmap"`` or ``"lmdb"``."""
+        return self.header.storage
 
     def __len__(self) -> int:
         return self.header.num_samples
@@ -73,16 +85,23 @@ class PackedDataset(Dataset):
         if isinstance(index, (list, tuple, np.ndarray, torch.Tensor)) and np.ndim(index) > 0:
             return self.get_batch(index)  # a BatchSampler's index list: one vectorized read
         i = self._check_index(index)
+        if self._lmdb is not None:
+            ((_, arrays),) = self._lmdb.read(np.array([i], dtype=np.int64))
+            return self._rebuild([torch.from_numpy(_to_native(a)) for a in arrays])
         values = []
         for f in self.header.fields:
-            k = int(np.searchsorted(self._firsts[f.name], i, side="right") - 1)
-            shard = self._shards[f.name][k]
-            row = self._map(shard, f.dtype, f.shape)[i - shard.first]
+            shards = self._shards[f.name]
+            k = 0 if len(shards) == 1 else int(np.searchsorted(self._firsts[f.name], i, "right") - 1)
+            row = self._map(shards[k], f.dtype, f.shape)[i - shards[k].first]
             values.append(torch.from_numpy(np.array(row, dtype=_native(f.dtype))))
         return self._rebuild(values)
 
     def get_batch(self, indices: Sequence[int] | np.ndarray | torch.Tensor) -> Any:
-        """The samples at ``indices`` stacked along a new first dimension (same structure as ds[i])."""
+        """The samples at ``indices`` stacked along a new first dimension (same structure as ds[i]).
+
+        memmap: one vectorized gather per field and shard (``np.take`` on the memmap). lmdb: one
+        read transaction per shard; a field whose shape varies comes back as a list of tensors.
+        """
         idx = np.asarray(indices.cpu() if isinstance(indices, torch.Tensor) else indices)
         idx = idx.astype(np.int64).reshape(-1) if idx.size else np.zeros(0, dtype=np.int64)
         n = len(self)
@@ -90,16 +109,31 @@ class PackedDataset(Dataset):
             bad = idx[(idx < -n) | (idx >= n)][0]
             raise IndexError(f"index {int(bad)} is out of range for a packed dataset of {n} samples")
         idx = np.where(idx < 0, idx + n, idx)
+        if self._lmdb is not None:
+            return self._rebuild(self._lmdb_batch(idx))
         values = []
         for f in self.header.fields:
             out = np.empty((idx.size, *f.shape), dtype=_native(f.dtype))
-            which = np.searchsorted(self._firsts[f.name], idx, side="right") - 1
-            for k in np.unique(which):
-                shard = self._shards[f.name][int(k)]
-                mask = which == k
-                out[mask] = self._map(shard, f.dtype, f.shape)[idx[mask] - shard.first]
+            shards = self._shards[f.name]
+            if len(shards) == 1:  # the common case: one gather straight into the batch
+                np.take(self._map(shards[0], f.dtype, f.shape), idx, axis=0, out=out)
+            else:
+                which = np.searchsorted(self._firsts[f.name], idx, side="right") - 1
+                for k in np.unique(which):
+                    shard = shards[int(k)]
+                    mask = which == k
+                    out[mask] = self._map(shard, f.dtype, f.shape)[idx[mask] - shard.first]
             values.append(torch.from_numpy(out))
         return self._rebuild(values)
+
+    def _lmdb_batch(self, idx: np.ndarray) -> list[Any]:
+        fields = self.header.fields
+        outs: list[Any] = [np.empty((idx.size, *f.shape), dtype=_native(f.dtype)) if f.fixed
+                           else [None] * idx.size for f in fields]
+        for pos, arrays in self._lmdb.read(idx):  # type: ignore[union-attr]
+            for out, a in zip(outs, arrays):
+                out[pos] = a if isinstance(out, np.ndarray) else torch.from_numpy(_to_native(a))
+        return [torch.from_numpy(o) if isinstance(o, np.ndarray) else o for o in outs]
 
     def _check_index(self, index: Any) -> int:
         n = len(self)
@@ -129,7 +163,8 @@ class PackedDataset(Dataset):
 
     def __repr__(self) -> str:
         fields = ", ".join(f"{f.name}:{f.dtype}{list(f.shape)}" for f in self.header.fields)
-        return f"PackedDataset({str(self.path)!r}, {len(self)} samples, {self.header.kind}: {fields})"
+        return (f"PackedDataset({str(self.path)!r}, {self.storage}, {len(self)} samples, "
+                f"{self.header.kind}: {fields})")
 
 
 def verify_packed(path: str | os.PathLike) -> list[str]:
@@ -173,3 +208,7 @@ def _sha256(path: Path) -> str:
 
 def _native(dtype: str) -> np.dtype:
     return np.dtype(dtype).newbyteorder("=")  # torch needs native byte order
+
+
+def _to_native(a: np.ndarray) -> np.ndarray:
+    return a.astype(_native(a.dtype.str), copy=False)

@@ -1,0 +1,172 @@
+"""``looptune pack``: write a dataset in a packed format, verify one, or measure the gain."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+from pathlib import Path
+
+from rich.console import Console
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TextColumn,
+    TimeElapsedColumn,
+    TimeRemainingColumn,
+)
+from rich.table import Table
+
+from looptune._format import format_bytes
+from looptune._io import atomic_write_text, writable_problem
+from looptune.data.pack.format import STORAGES
+from looptune.errors import ConfigError, DataError
+from looptune.report.render import wide_console
+from looptune.tune.factory import build_dataset, spec_problem
+
+__all__ = ["add_parser", "parse_size", "run"]
+
+_UNITS = {"": 1, "k": 2**10, "m": 2**20, "g": 2**30, "t": 2**40}
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "pack", help="convert a dataset to a fast format (memmap, LMDB), verify it, measure it",
+        description="looptune pack --dataset MODULE:FACTORY OUT  writes a packed dataset; "
+                    "--verify OUT checks every shard's SHA-256; --bench OUT --dataset ... measures "
+                    "samples/s of the original against the packed dataset.")
+    p.add_argument("out", nargs="?", metavar="OUT", help="the packed folder to write")
+    p.add_argument("--dataset", metavar="MODULE:FACTORY", default=None,
+                   help="a callable returning a map-style Dataset (e.g. "
+                        "looptune.bench.workloads:mnist_train)")
+    p.add_argument("--format", choices=STORAGES, default="memmap",
+                   help="memmap: fixed shapes, vectorized batch reads (default); lmdb: variable "
+                        "shapes allowed (pip install 'looptune[lmdb]')")
+    p.add_argument("--shard-bytes", metavar="N", default="256M",
+                   help="most bytes per shard file, e.g. 64M, 1G (default 256M)")
+    p.add_argument("--workers", metavar="K", type=int, default=0,
+                   help="processes reading the dataset while packing (default 0: this one); with "
+                        "--bench, the DataLoader workers of every way measured")
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace OUT if it is a packed dataset (the old one stays until the new "
+                        "one is complete)")
+    p.add_argument("--verify", metavar="OUT", default=None, help="check every shard's SHA-256")
+    p.add_argument("--bench", metavar="OUT", default=None,
+                   help="measure samples/s of --dataset against the packed OUT")
+    p.add_argument("--batch-size", type=int, default=256, help="--bench: batch size (default 256)")
+    p.add_argument("--batches", type=int, default=50, help="--bench: batches timed per pass")
+    p.add_argument("--repeats", type=int, default=3, help="--bench: passes per way (median)")
+    p.add_argument("--json", metavar="PATH", default=None, help="--bench: write results (atomic)")
+    p.set_defaults(handler=run)
+
+
+def parse_size(text: str) -> int:
+    """``"256M"`` -> 268435456 (K/M/G/T are powers of 1024; an optional trailing ``B``/``iB``)."""
+    m = re.fullmatch(r"\s*(\d+)\s*([kmgt]?)(i?b)?\s*", str(text).lower())
+    if not m:
+        raise ValueError(text)
+    return int(m.group(1)) * _UNITS[m.group(2)]
+
+
+def _mode(args: argparse.Namespace) -> str:
+    problems = []
+    modes = [m for m, v in (("verify", args.verify), ("bench", args.bench)) if v is not None]
+    if len(modes) > 1:
+        problems.append("give --verify OUT or --bench OUT, not both.")
+    mode = modes[0] if modes else "pack"
+    if mode == "pack":
+        if args.out is None:
+            problems.append("give the folder to write: looptune pack --dataset MODULE:FACTORY OUT "
+                            "(or --verify OUT / --bench OUT --dataset MODULE:FACTORY).")
+        if args.dataset is None:
+            problems.append("give --dataset MODULE:FACTORY: the dataset to pack.")
+    elif args.out is not None:
+        problems.append(f"OUT={args.out!r} is not used with --{mode} (it names its own folder).")
+    if mode == "verify" and args.dataset is not None:
+        problems.append("--verify reads only the packed folder: drop --dataset.")
+    if args.dataset is not None and (problem := spec_problem(args.dataset, "--dataset")):
+        problems.append(problem)
+    try:
+        args.shard_bytes = parse_size(args.shard_bytes)
+        if args.shard_bytes < 1:
+            raise ValueError
+    except ValueError:
+        problems.append(f"--shard-bytes {args.shard_bytes!r} is invalid: give a size >= 1 such as "
+                        "268435456, 64M or 1G.")
+    if args.workers < 0:
+        problems.append(f"--workers {args.workers} is invalid: must be >= 0 (0: this process).")
+    if args.json is not None:
+        problems += [p for p in [writable_problem(args.json, "--json")] if p]
+    if problems:
+        raise ConfigError(problems)
+    return mode
+
+
+def run(args: argparse.Namespace) -> int:
+    mode = _mode(args)
+    if mode == "verify":
+        return _verify(Path(args.verify))
+    if mode == "bench":
+        return _bench(args)
+    return _pack(args)
+
+
+def _pack(args: argparse.Namespace) -> int:
+    from looptune.data.pack import pack
+    from looptune.data.pack.writer import _check_args
+
+    # the cheap checks first (OUT exists, lmdb missing...), before the dataset factory runs
+    _check_args([], Path(args.out), args.format, args.shard_bytes, args.workers, args.overwrite)
+    dataset = build_dataset(args.dataset)
+    columns = [TextColumn("packing"), BarColumn(), MofNCompleteColumn(), TextColumn("samples"),
+               TimeElapsedColumn(), TimeRemainingColumn()]
+    with Progress(*columns, console=Console(stderr=True)) as progress:
+        task = progress.add_task("pack", total=len(dataset))
+        out = pack(dataset, args.out, format=args.format, shard_bytes=args.shard_bytes,
+                   workers=args.workers, overwrite=args.overwrite,
+                   progress=lambda done, total: progress.update(task, completed=done))
+    header = json.loads((out / "header.json").read_text())
+    size = sum(s["bytes"] for s in header["shards"])
+    fields = ", ".join(f"{f['name']}: {f['dtype']} {f['shape']}" for f in header["fields"])
+    wide_console().print(f"packed {header['num_samples']} samples ({fields}) into {out}: "
+                         f"{header['storage']}, {len(header['shards'])} shard(s), "
+                         f"{format_bytes(size)}", highlight=False, markup=False)
+    return 0
+
+
+def _verify(folder: Path) -> int:
+    from looptune.data.pack import verify_packed
+
+    problems = verify_packed(folder)
+    if problems:
+        raise DataError(f"{folder} failed verification: " + "; ".join(problems))
+    header = json.loads((folder / "header.json").read_text())
+    wide_console().print(f"{folder}: all {len(header['shards'])} shard(s) match their SHA-256 "
+                         f"({header['num_samples']} samples, {header['storage']})",
+                         highlight=False, markup=False)
+    return 0
+
+
+def _bench(args: argparse.Namespace) -> int:
+    from looptune.data.pack import open_packed
+    from looptune.data.pack.throughput import bench_pack
+
+    packed = open_packed(args.bench)  # fails fast on a missing or damaged folder
+    original = build_dataset(args.dataset) if args.dataset else None
+    result = bench_pack(packed, original, batch_size=args.batch_size, workers=args.workers,
+                        batches=args.batches, repeats=args.repeats)
+    console = wide_console()
+    table = Table(title=f"{result.packed} ({result.storage}): batch {result.batch_size}, "
+                        f"{result.workers} workers, {result.batches} batches x {result.repeats} "
+                        "repeats (median)", title_justify="left")
+    for col in ("way", "samples/s", "MB/s", "speedup", "how"):
+        table.add_column(col, justify="left" if col in ("way", "how") else "right")
+    for r in result.rates:
+        speed = result.speedup(r.name)
+        table.add_row(r.name, f"{r.samples_per_s:,.0f}", f"{r.bytes_per_s / 1e6:,.1f}",
+                      "n/a" if speed is None else f"{speed:.2f}x", r.how)
+    console.print(table)
+    if args.json is not None:
+        atomic_write_text(args.json, json.dumps(result.to_dict(), indent=2) + "\n")
+    return 0

@@ -1,0 +1,171 @@
+"""Measure the gain of a packed dataset: samples/s of the original dataset against the packed one,
+through the same DataLoader settings (batch size, workers, shuffled order), in one run.
+
+Three ways are timed, interleaved, median over repeats:
+
+* ``original``: ``DataLoader(original, batch_size=B, shuffle, num_workers=K)``, the user's way;
+* ``packed, per sample``: the same DataLoader over the packed dataset (``ds[i]`` then collate);
+* ``packed, whole batches``: ``DataLoader(packed, sampler=BatchSampler(...), batch_size=None)``:
+  each worker reads a whole batch with one ``get_batch`` call (vectorized memmap reads).
+
+The first ``warmup`` batches of every pass (worker start-up, first page faults) are not timed.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import torch
+from torch.utils.data import BatchSampler, DataLoader, RandomSampler
+
+from looptune.errors import ConfigError
+
+__all__ = ["LoadRate", "PackBench", "bench_pack"]
+
+
+@dataclass(frozen=True)
+class LoadRate:
+    name: str  # "original", "packed, per sample", "packed, whole batches"
+    how: str  # the loader, in words
+    samples: int  # samples timed per pass
+    seconds: list[float]  # one per repeat
+    bytes_per_batch: float  # mean bytes of the tensors of one batch
+    samples_per_batch: int
+
+    @property
+    def median_s(self) -> float:
+        return statistics.median(self.seconds)
+
+    @property
+    def samples_per_s(self) -> float:
+        return self.samples / self.median_s
+
+    @property
+    def bytes_per_s(self) -> float:
+        return self.bytes_per_batch * (self.samples / self.samples_per_batch) / self.median_s
+
+
+@dataclass(frozen=True)
+class PackBench:
+    packed: str
+    storage: str
+    batch_size: int
+    workers: int
+    batches: int
+    repeats: int
+    rates: list[LoadRate]
+    provenance: dict[str, Any] = field(default_factory=dict)
+
+    def speedup(self, name: str) -> float | None:
+        """``name``'s samples/s over the original's (None without an original)."""
+        base = next((r for r in self.rates if r.name == "original"), None)
+        rate = next(r for r in self.rates if r.name == name)
+        return None if base is None else rate.samples_per_s / base.samples_per_s
+
+    def to_dict(self) -> dict[str, Any]:
+        rows = []
+        for r in self.rates:
+            rows.append({**asdict(r), "median_s": r.median_s, "samples_per_s": r.samples_per_s,
+                         "bytes_per_s": r.bytes_per_s, "speedup": self.speedup(r.name)})
+        return {"kind": "pack-bench", "schema": 1, "packed": self.packed, "storage": self.storage,
+                "batch_size": self.batch_size, "workers": self.workers, "batches": self.batches,
+                "repeats": self.repeats, "rates": rows, "provenance": self.provenance}
+
+
+def bench_pack(packed: Any, original: Any = None, *, batch_size: int = 256, workers: int = 0,
+               batches: int = 50, repeats: int = 3, warmup: int = 2, seed: int = 0) -> PackBench:
+    """Time reading ``batches`` shuffled batches from ``original`` and from ``packed``.
+
+    Args:
+        packed: a path to a packed folder, or an opened ``PackedDataset``.
+        original: the dataset it was packed from (None: time the packed dataset only).
+        batch_size, workers: the loader settings every way uses.
+        batches: batches timed per pass (fewer if the dataset is smaller).
+        repeats: passes per way, interleaved; the median is reported.
+        warmup: untimed batches at the start of every pass.
+
+    Raises:
+        ConfigError: every bad argument at once, before anything is read.
+    """
+    from looptune.data.pack.reader import PackedDataset, open_packed
+    from looptune.measure.provenance import provenance
+
+    _check(batch_size, workers, batches, repeats, warmup)
+    ds = packed if isinstance(packed, PackedDataset) else open_packed(packed)
+    if original is not None and len(original) != len(ds):
+        raise ConfigError(f"the original dataset has {len(original)} samples, the packed one "
+                          f"{len(ds)}: they are not the same data. Pack it again "
+                          "(looptune pack --overwrite) or pass the dataset it was packed from.")
+    ways = []
+    if original is not None:
+        ways.append(("original", "DataLoader(dataset, shuffle) + default collate", original, False))
+    ways.append(("packed, per sample", "the same DataLoader over the packed dataset", ds, False))
+    ways.append(("packed, whole batches",
+                 "DataLoader(packed, sampler=BatchSampler(...), batch_size=None): get_batch",
+                 ds, True))
+    steps = min(batches, len(ds) // batch_size - warmup)
+    if steps < 1:
+        raise ConfigError(f"the packed dataset has {len(ds)} samples: too few for {warmup} untimed "
+                          f"+ 1 timed batch of batch_size={batch_size}. Use a batch size <= "
+                          f"{max(1, len(ds) // (warmup + 1))}.")
+    seconds: dict[str, list[float]] = {name: [] for name, *_ in ways}
+    sizes: dict[str, float] = {}
+    for rep in range(repeats):
+        for name, _, data, batched in ways:
+            loader = _loader(data, batch_size, workers, batched, seed + rep)
+            s, nbytes = _time(loader, steps, warmup)
+            seconds[name].append(s)
+            sizes[name] = nbytes
+    rates = [LoadRate(name, how, steps * batch_size, seconds[name], sizes[name], batch_size)
+             for name, how, *_ in ways]
+    return PackBench(str(ds.path), ds.storage, batch_size, workers, steps, repeats, rates,
+                     provenance(torch.device("cpu")))
+
+
+def _check(batch_size: Any, workers: Any, batches: Any, repeats: Any, warmup: Any) -> None:
+    problems = []
+    for name, value, low in (("batch_size", batch_size, 1), ("workers", workers, 0),
+                             ("batches", batches, 1), ("repeats", repeats, 1),
+                             ("warmup", warmup, 0)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < low:
+            problems.append(f"{name}={value!r} is invalid: must be an int >= {low}.")
+    if problems:
+        raise ConfigError(problems)
+
+
+def _loader(data: Any, batch_size: int, workers: int, batched: bool, seed: int) -> DataLoader:
+    gen = torch.Generator().manual_seed(seed)
+    extra = {"persistent_workers": False, "prefetch_factor": 2} if workers else {}
+    if batched:
+        sampler = BatchSampler(RandomSampler(data, generator=gen), batch_size, drop_last=True)
+        return DataLoader(data, sampler=sampler, batch_size=None, num_workers=workers, **extra)
+    return DataLoader(data, batch_size=batch_size, sampler=RandomSampler(data, generator=gen),
+                      drop_last=True, num_workers=workers, **extra)
+
+
+def _time(loader: DataLoader, steps: int, warmup: int) -> tuple[float, float]:
+    it = iter(loader)
+    for _ in range(warmup):
+        next(it, None)
+    nbytes = 0
+    t0 = time.perf_counter()
+    for _ in range(steps):
+        batch = next(it)
+        nbytes += _nbytes(batch)
+    elapsed = time.perf_counter() - t0
+    del it  # shuts the workers down before the next way starts
+    return elapsed, nbytes / steps
+
+
+def _nbytes(batch: Any) -> int:
+    if isinstance(batch, torch.Tensor):
+        return batch.numel() * batch.element_size()
+    if isinstance(batch, dict):
+        return sum(_nbytes(v) for v in batch.values())
+    if isinstance(batch, (list, tuple)):
+        return sum(_nbytes(v) for v in batch)
+    return 0
+
