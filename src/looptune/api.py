@@ -13,6 +13,8 @@ from torch.utils.data import DataLoader, Dataset
 from looptune.data import loaders
 from looptune.data.loaders import BatchedData, ImageData, has_get_batch
 from looptune.data.user import UserLoaderSource, is_map_dataset, tensorize
+from looptune.dist import context as dist_context
+from looptune.dist.context import DEFAULT_TIMEOUT_S, DistContext
 from looptune.engine.device import device_problem, resolve_device
 from looptune.engine.loop import Progress, RunOptions
 from looptune.engine.loop import train as run_loop
@@ -38,7 +40,8 @@ def train(model: torch.nn.Module, train_data: Dataset | DataLoader | ImageData, 
           metric: Metric = top1_correct, device: str = "auto", epochs: int = 1, seed: int = 0,
           target_accuracy: float | None = None, eval_every: int | None = None,
           checkpoint_dir: str | os.PathLike | None = None, checkpoint_every: int | None = None,
-          resume: bool = False, progress: Progress | None = None) -> RunResult:
+          resume: bool = False, progress: Progress | None = None,
+          dist_timeout_s: float = DEFAULT_TIMEOUT_S) -> RunResult:
     """Train ``model`` on ``train_data`` under ``recipe`` and measure the run.
 
     Args:
@@ -55,6 +58,11 @@ def train(model: torch.nn.Module, train_data: Dataset | DataLoader | ImageData, 
         metric: ``metric(outputs, targets) -> per-batch sum``; reported as the mean per sample.
         device, epochs, seed, target_accuracy, eval_every, checkpoint_dir, checkpoint_every,
             resume: as for ``looptune bench``.
+        dist_timeout_s: launched by ``torchrun`` (``WORLD_SIZE`` > 1): the process group's
+            timeout. Each rank then trains under DDP on its share of every global batch
+            (``batch_size`` per rank; a DataLoader you pass is used as given, with its own
+            DistributedSampler), the epoch losses are averaged over ranks and only rank 0
+            writes checkpoints. The process group stays up for your script.
 
     Returns:
         RunResult: the same record as one run of the bench JSON.
@@ -71,16 +79,18 @@ def train(model: torch.nn.Module, train_data: Dataset | DataLoader | ImageData, 
                          checkpoint_dir=None if checkpoint_dir is None else Path(checkpoint_dir))
     recipe = _check(model, train_data, recipe, loss_fn, options, device)
     dev = resolve_device(device)
-    resolved, decisions = resolve(recipe, dev.type)
+    ctx = dist_context.init(dev, timeout_s=dist_timeout_s)  # no-op unless launched distributed
+    dev = dist_context.rank_device(dev, ctx)
+    resolved, decisions = resolve(recipe, dev.type, ctx.world_size)
     t0 = time.perf_counter()
-    source = _source(train_data, resolved, dev, seed)
+    source = _source(train_data, resolved, dev, seed, ctx)
     sync(dev)  # sync: the dataset copy to the device belongs to setup, not to epoch 1
     setup_s = time.perf_counter() - t0
     model.to(dev)
     score = None if eval_data is None else _evaluator(eval_data, metric, dev)
     result = run_loop(model=model, source=source, recipe=resolved, loss_fn=loss_fn, device=dev,
                       options=options, evaluate=score, setup_s=setup_s, decisions=decisions,
-                      progress=progress)
+                      progress=progress, dist=ctx)
     if score is None or result.test_accuracy is not None:
         return result
     t0 = time.perf_counter()
@@ -113,14 +123,15 @@ def _check(model, train_data, recipe, loss_fn, options: RunOptions, device: str)
     return recipe
 
 
-def _source(train_data, recipe: Recipe, device: torch.device, seed: int):
+def _source(train_data, recipe: Recipe, device: torch.device, seed: int, ctx: DistContext):
     if isinstance(train_data, DataLoader):
         return UserLoaderSource(train_data, device, recipe.loader.non_blocking)
     if has_get_batch(train_data) and not isinstance(train_data, BatchedData):
         train_data = BatchedData(train_data)  # e.g. open_packed(): batches read whole, no decode
     if not isinstance(train_data, (ImageData, BatchedData)) and recipe.loader.decode == "tensorized":
         train_data = tensorize(train_data)  # decode once: batches become index gathers
-    return loaders.make(recipe.loader, train_data, device=device, seed=seed)
+    return loaders.make(recipe.loader, train_data, device=device, seed=seed, rank=ctx.rank,
+                        world=ctx.world_size)
 
 
 def _evaluator(eval_data, metric: Metric, device: torch.device):

@@ -18,8 +18,9 @@ from looptune.recipe import Decision, Recipe
 __all__ = ["resolve"]
 
 
-def resolve(recipe: Recipe, device_type: str) -> tuple[Recipe, list[Decision]]:
-    """Return ``recipe`` adapted to ``device_type`` ("cpu" or "cuda") and the reasons.
+def resolve(recipe: Recipe, device_type: str, world_size: int = 1) -> tuple[Recipe, list[Decision]]:
+    """Return ``recipe`` adapted to ``device_type`` ("cpu" or "cuda") and the reasons; with
+    ``world_size`` > 1, also to data-parallel training (DDP).
 
     Raises:
         ConfigError: the recipe is invalid, or asks for what this device cannot do at all
@@ -33,6 +34,12 @@ def resolve(recipe: Recipe, device_type: str) -> tuple[Recipe, list[Decision]]:
     decisions: list[Decision] = []
     loader = _resolve_loader(recipe, device_type, decisions)
     step = _resolve_precision(recipe, device_type, decisions)
+    if world_size > 1 and step.cuda_graphs:
+        step = dataclasses.replace(step, cuda_graphs=False)
+        decisions.append(Decision("cuda_graphs", False, reason=(
+            f"{world_size} ranks: DDP's gradient all-reduce runs in autograd hooks on NCCL "
+            "streams, which this engine's whole-step graph capture does not cover; eager steps "
+            "(with compile, if the recipe asks) keep DDP's bucketed overlap")))
     return dataclasses.replace(recipe, loader=loader, step=step), decisions
 
 

@@ -56,3 +56,12 @@ def test_pack_gain_smoke(tmp_path):
     assert proc.returncode == 0, proc.stderr
     assert "packed, whole batches" in proc.stdout and "GB/s" in proc.stdout
     assert "each at its best worker setting" in proc.stdout
+
+
+@pytest.mark.integration
+def test_scaling_smoke(mnist_dir):
+    proc = subprocess.run([sys.executable, str(BENCHMARKS / "scaling.py"), "--smoke", "--data",
+                           str(mnist_dir), "--device", "cpu"], capture_output=True, text=True,
+                          timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "scaling efficiency" in proc.stdout and "2 ranks (gloo)" in proc.stdout

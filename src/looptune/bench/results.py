@@ -23,19 +23,31 @@ class BenchResults:
     seed: int
     provenance: dict[str, Any]
     runs: list[RunResult]
+    world_size: int = 1  # ranks that trained each run together (torch.distributed)
+    backend: str | None = None  # "gloo" | "nccl" when world_size > 1
+    # samples/s of each recipe in one process, measured in the same command (bench --nproc N):
+    # scaling efficiency = samples/s on N ranks / (N x this)
+    single_process: dict[str, float] | None = None
 
     def speedups(self) -> list[float]:
         """Each run's speedup in training time against the first run (1.0 for the first)."""
         base = self.runs[0].wall_s
         return [base / r.wall_s for r in self.runs]
 
+    def scaling_efficiency(self) -> list[float | None]:
+        """Per run: samples/s / (world_size x single-process samples/s); None without a baseline."""
+        base = self.single_process or {}
+        return [r.samples_per_s / (self.world_size * base[r.recipe]) if base.get(r.recipe) else None
+                for r in self.runs]
+
     def to_dict(self) -> dict[str, Any]:
         runs = []
-        for run, speedup in zip(self.runs, self.speedups()):
-            runs.append({**run.to_dict(), "speedup": speedup})
+        for run, speedup, eff in zip(self.runs, self.speedups(), self.scaling_efficiency()):
+            runs.append({**run.to_dict(), "speedup": speedup, "scaling_efficiency": eff})
         return {"schema_version": SCHEMA_VERSION, "workload": self.workload,
-                "epochs": self.epochs, "seed": self.seed, "provenance": self.provenance,
-                "runs": runs}
+                "epochs": self.epochs, "seed": self.seed, "world_size": self.world_size,
+                "backend": self.backend, "single_process": self.single_process,
+                "provenance": self.provenance, "runs": runs}
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> BenchResults:
@@ -44,11 +56,13 @@ class BenchResults:
         if version != SCHEMA_VERSION:
             raise DataError(f"results schema_version={version!r} is not supported: this looptune "
                             f"reads version {SCHEMA_VERSION}. Re-run the bench with this version.")
-        derived = {"speedup", "s_per_epoch"}
+        derived = {"speedup", "s_per_epoch", "scaling_efficiency"}
         runs = [RunResult(**{k: v for k, v in run.items() if k not in derived})
                 for run in data["runs"]]
         return cls(workload=data["workload"], epochs=data["epochs"], seed=data["seed"],
-                   provenance=data["provenance"], runs=runs)
+                   provenance=data["provenance"], runs=runs,
+                   world_size=data.get("world_size", 1), backend=data.get("backend"),
+                   single_process=data.get("single_process"))
 
     @classmethod
     def read_json(cls, path: str | os.PathLike) -> BenchResults:

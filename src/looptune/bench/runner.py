@@ -15,6 +15,9 @@ from looptune.bench.results import BenchResults
 from looptune.bench.workloads import Workload, evaluate, get_workload
 from looptune.data import loaders
 from looptune.data.loaders import ImageData
+from looptune.dist import context as dist_context
+from looptune.dist.context import DEFAULT_TIMEOUT_S, DistContext
+from looptune.dist.ddp import sharded_accuracy
 from looptune.engine.device import device_problem, device_type, resolve_device
 from looptune.engine.loop import Progress, RunOptions, train
 from looptune.errors import ConfigError
@@ -56,19 +59,25 @@ def check_bench_args(*, recipes: Sequence[str | Recipe], options: RunOptions,
 
 def run_recipe(workload: Workload, recipe: Recipe, *, train_data: ImageData,
                test_data: ImageData | None, device: torch.device, options: RunOptions,
-               progress: Progress | None = None) -> RunResult:
-    """Train a freshly seeded model under ``recipe`` and measure it; evaluate on ``test_data``."""
-    resolved, decisions = resolve(recipe, device.type)
+               progress: Progress | None = None, dist: DistContext | None = None) -> RunResult:
+    """Train a freshly seeded model under ``recipe`` and measure it; evaluate on ``test_data``.
+
+    With ``dist`` (several ranks): each rank trains on its share of every global batch under
+    DDP, and the test set is scored in shards whose counts are summed over the ranks.
+    """
+    ctx = dist or DistContext()
+    resolved, decisions = resolve(recipe, device.type, ctx.world_size)
     torch.manual_seed(options.seed)  # same seed -> same initial weights in every recipe
     model = workload.build_model().to(device)
     t0 = time.perf_counter()
-    source = loaders.make(resolved.loader, train_data, device=device, seed=options.seed)
+    source = loaders.make(resolved.loader, train_data, device=device, seed=options.seed,
+                          rank=ctx.rank, world=ctx.world_size)
     sync(device)  # sync: the dataset copy to the device belongs to setup, not to epoch 1
     setup_s = time.perf_counter() - t0
-    score = None if test_data is None else (lambda m: evaluate(m, test_data, device))
+    score = None if test_data is None else _scorer(test_data, device, ctx)
     result = train(model=model, source=source, recipe=resolved, loss_fn=workload.loss_fn,
                    device=device, options=options, evaluate=score, setup_s=setup_s,
-                   decisions=decisions, progress=progress)
+                   decisions=decisions, progress=progress, dist=ctx)
     if score is None or result.test_accuracy is not None:
         return result
     t0 = time.perf_counter()
@@ -81,7 +90,8 @@ def bench(*, workload: str = "mnist-mlp", recipes: Sequence[str | Recipe] = DEFA
           data_dir: str | None = None, target_accuracy: float | None = None,
           eval_every: int | None = None, checkpoint_dir: str | os.PathLike | None = None,
           checkpoint_every: int | None = None, resume: bool = False, repeats: int = 1,
-          progress: ProgressFactory | None = None) -> BenchResults:
+          progress: ProgressFactory | None = None,
+          dist_timeout_s: float = DEFAULT_TIMEOUT_S) -> BenchResults:
     """Run ``workload`` under each recipe, side by side in one process, and measure each.
 
     Args:
@@ -98,6 +108,9 @@ def bench(*, workload: str = "mnist-mlp", recipes: Sequence[str | Recipe] = DEFA
             optimizer steps; ``resume`` continues each recipe from its newest valid one.
         repeats: run every recipe this many times (interleaved) and keep the median run.
         progress: optional factory of progress sinks, one per recipe.
+        dist_timeout_s: launched with several ranks (``torchrun``, ``WORLD_SIZE`` > 1): how
+            long a collective waits for a slow or dead rank before the job fails. Each rank
+            then trains on its share of every global batch (``loader.batch_size`` per rank).
 
     Returns:
         BenchResults with provenance and one RunResult per recipe.
@@ -123,19 +136,40 @@ def bench(*, workload: str = "mnist-mlp", recipes: Sequence[str | Recipe] = DEFA
         raise ConfigError(problems)
     dev = resolve_device(device)
     chosen = [r if isinstance(r, Recipe) else get_recipe(r, dev.type) for r in recipes]
-    train_data, test_data = spec.load(data_dir=data_dir)
-    _warm_up(spec, train_data, dev)
-    trials: list[list[RunResult]] = [[] for _ in chosen]
-    for _ in range(repeats):  # interleaved: drifts in machine speed hit every recipe alike
-        for recipe, runs in zip(chosen, trials):
-            steps = options.epochs * loaders.num_batches(len(train_data), recipe.loader.batch_size,
-                                                         recipe.loader.drop_last)
-            sink = progress(recipe, steps) if progress else None
-            runs.append(run_recipe(spec, recipe, train_data=train_data, test_data=test_data,
-                                   device=dev, options=_for_recipe(options, recipe), progress=sink))
-            _release(dev)
-    return BenchResults(workload=spec.name, epochs=options.epochs, seed=seed,
-                        provenance=provenance(dev), runs=[_median(runs) for runs in trials])
+    ctx = dist_context.init(dev, timeout_s=dist_timeout_s)  # no-op unless launched distributed
+    try:
+        dev = dist_context.rank_device(dev, ctx)
+        train_data, test_data = spec.load(data_dir=data_dir)
+        _warm_up(spec, train_data, dev)
+        trials: list[list[RunResult]] = [[] for _ in chosen]
+        for _ in range(repeats):  # interleaved: drifts in machine speed hit every recipe alike
+            for recipe, runs in zip(chosen, trials):
+                steps = options.epochs * loaders.rank_num_batches(
+                    len(train_data), recipe.loader.batch_size, recipe.loader.drop_last,
+                    ctx.world_size)
+                sink = progress(recipe, steps) if progress else None
+                runs.append(run_recipe(spec, recipe, train_data=train_data, test_data=test_data,
+                                       device=dev, options=_for_recipe(options, recipe),
+                                       progress=sink, dist=ctx))
+                _release(dev)
+        return BenchResults(workload=spec.name, epochs=options.epochs, seed=seed,
+                            provenance=provenance(dev), runs=[_median(runs) for runs in trials],
+                            world_size=ctx.world_size, backend=ctx.backend)
+    finally:
+        if ctx.enabled:
+            dist_context.shutdown()
+
+
+def _scorer(test_data: ImageData, device: torch.device, ctx: DistContext):
+    if not ctx.enabled:
+        return lambda m: evaluate(m, test_data, device)
+
+    def shard(model: torch.nn.Module, rank: int, world: int) -> tuple[float, int]:
+        part = dataclasses.replace(test_data, images=test_data.images[rank::world],
+                                   labels=test_data.labels[rank::world])
+        return round(evaluate(model, part, device) * len(part)), len(part)
+
+    return lambda m: sharded_accuracy(shard, m, ctx)
 
 
 def _median(runs: list[RunResult]) -> RunResult:

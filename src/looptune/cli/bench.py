@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import os
+import tempfile
 import warnings
 from pathlib import Path
 from typing import get_args
@@ -11,9 +14,12 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from looptune._io import writable_problem
+from looptune.bench.results import BenchResults
 from looptune.bench.runner import bench, check_bench_args
 from looptune.bench.workloads import ALIASES, WORKLOADS, get_workload
 from looptune.data import mnist
+from looptune.dist.context import DEFAULT_TIMEOUT_S, env_world_size
+from looptune.dist.launch import launch, nproc_problem
 from looptune.engine.device import DeviceChoice, device_type
 from looptune.errors import ConfigError, DataError
 from looptune.presets import DEFAULT_BENCH, RECIPES, parse_recipes
@@ -52,6 +58,14 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="optimizer steps between checkpoints (with --checkpoint)")
     p.add_argument("--resume", action="store_true",
                    help="continue each recipe from its newest valid checkpoint in --checkpoint DIR")
+    p.add_argument("--nproc", type=int, default=None, metavar="N",
+                   help="train on N processes with torch.distributed (DDP; gloo on CPU, nccl on "
+                        "CUDA with one GPU each), launched like torchrun; also runs 1 process "
+                        "first for the scaling efficiency. loader.batch_size is per process")
+    p.add_argument("--dist-timeout", type=float, default=DEFAULT_TIMEOUT_S, metavar="S",
+                   help="with several processes: seconds a collective waits for a slow or dead "
+                        f"rank before the job fails (default {DEFAULT_TIMEOUT_S:g})")
+    p.add_argument("--json-only", action="store_true", help=argparse.SUPPRESS)  # --nproc's ranks
     p.set_defaults(handler=run)
 
 
@@ -77,6 +91,13 @@ def _preflight(args: argparse.Namespace) -> tuple[list[Recipe], RunOptions]:
                                  device=args.device)
     if args.repeats < 1:
         problems.append(f"--repeats {args.repeats} is invalid: must be >= 1 (median of N runs).")
+    if args.nproc is not None and (problem := nproc_problem(args.nproc)):
+        problems.append(problem)
+    if args.nproc is not None and env_world_size() > 1:
+        problems.append("--nproc launches the ranks itself: drop it under torchrun (or run "
+                        "without torchrun).")
+    if not args.dist_timeout > 0:
+        problems.append(f"--dist-timeout {args.dist_timeout} is invalid: must be > 0 seconds.")
     if args.json is not None:
         problems += [p for p in [writable_problem(args.json, "--json")] if p]
     try:
@@ -105,7 +126,10 @@ class _Bar:
 
 def run(args: argparse.Namespace) -> int:
     recipes, options = _preflight(args)
-    out, err = wide_console(), Console(stderr=True)
+    if args.nproc is not None:
+        return _launch(args)
+    main_rank = int(os.environ.get("RANK", "0")) == 0  # under torchrun: rank 0 reports
+    err = Console(stderr=True, quiet=not main_rank)
     columns = [TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                TextColumn("steps"), TimeElapsedColumn()]
     with warnings.catch_warnings(), Progress(*columns, console=err) as progress:
@@ -116,12 +140,59 @@ def run(args: argparse.Namespace) -> int:
                         target_accuracy=options.target_accuracy, eval_every=options.eval_every,
                         checkpoint_dir=options.checkpoint_dir,
                         checkpoint_every=options.checkpoint_every, resume=options.resume,
-                        repeats=args.repeats,
+                        repeats=args.repeats, dist_timeout_s=args.dist_timeout,
                         progress=lambda recipe, total: _Bar(progress, recipe, total))
+    if not main_rank:
+        return 0
+    if args.json_only and args.json is not None:  # a rank of --nproc: the launcher renders
+        results.write_json(args.json)
+        return 0
+    _report(results, args.json)
+    return 0
+
+
+def _report(results, json_path: str | None) -> None:
+    out = wide_console()
     out.print(bench_table(results))
     for note in bench_notes(results):
         out.print(f"[dim]- {note}[/dim]", highlight=False)
-    if args.json is not None:
-        results.write_json(args.json)
-        out.print(f"results written to {args.json}")
+    if json_path is not None:
+        results.write_json(json_path)
+        out.print(f"results written to {json_path}")
+
+
+def _launch(args: argparse.Namespace) -> int:
+    """``--nproc N``: the same bench as 1 process, then as N ranks, both through torch's launcher;
+    one table with the N-rank results and their scaling efficiency."""
+    argv = _child_argv(args)
+    err = Console(stderr=True)
+    with tempfile.TemporaryDirectory(prefix="looptune-bench-") as tmp:
+        single = None
+        if args.nproc > 1:
+            err.print("[bold]1 process[/bold] (the baseline for the scaling efficiency)")
+            launch([*argv, "--json", f"{tmp}/1.json"], nproc=1)
+            single = BenchResults.read_json(f"{tmp}/1.json")
+        err.print(f"[bold]{args.nproc} processes[/bold] (torch.distributed)")
+        launch([*argv, "--json", f"{tmp}/n.json"], nproc=args.nproc)
+        results = BenchResults.read_json(f"{tmp}/n.json")
+    if single is not None:
+        results = dataclasses.replace(
+            results, single_process={r.recipe: r.samples_per_s for r in single.runs})
+    _report(results, args.json)
     return 0
+
+
+def _child_argv(args: argparse.Namespace) -> list[str]:
+    """The bench arguments each launched rank gets (everything but --nproc and --json)."""
+    argv = ["bench", args.workload, "--json-only", "--recipes", args.recipes, "--seed", str(args.seed),
+            "--device", args.device, "--repeats", str(args.repeats),
+            "--dist-timeout", str(args.dist_timeout)]
+    for flag, value in (("--epochs", args.epochs), ("--data", args.data),
+                        ("--target-accuracy", args.target_accuracy),
+                        ("--eval-every", args.eval_every), ("--checkpoint", args.checkpoint),
+                        ("--checkpoint-every", args.checkpoint_every)):
+        if value is not None:
+            argv += [flag, str(value)]
+    for assignment in args.overrides:
+        argv += ["--set", assignment]
+    return argv + (["--resume"] if args.resume else [])

@@ -1,13 +1,29 @@
-"""``looptune diagnose script.py [args...]``: where each step of an unmodified script goes."""
+"""``looptune diagnose script.py [args...]``: where each step of an unmodified script goes.
+
+Distributed scripts: ``--nproc N`` launches N ranks (torch's elastic agent, as torchrun does);
+each rank diagnoses itself and writes ``rank-{RANK}.json`` into ``--rank-dir``, and this process
+prints a row per rank, the slowest rank and its full diagnosis. Under a bare ``torchrun`` the
+ranks share a folder named after the run and rank 0 prints the same report.
+"""
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import shutil
+import sys
+import tempfile
+from pathlib import Path
 
 from looptune._io import writable_problem
+from looptune.diagnose import rank_files
+from looptune.diagnose.collectives import launched_rank
+from looptune.diagnose.ranks import merge_ranks
+from looptune.diagnose.result import Diagnosis
 from looptune.diagnose.runner import check_target, diagnose
+from looptune.dist.launch import LaunchFailed, launch, nproc_problem
 from looptune.errors import ConfigError
-from looptune.report.diagnose_view import print_diagnosis
+from looptune.report.diagnose_view import print_diagnosis, print_rank_report
 from looptune.report.render import wide_console
 
 
@@ -25,13 +41,17 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="also write a torch.profiler trace of a few steps (Chrome/Perfetto)")
     p.add_argument("--verify", action="store_true",
                    help="rerun with the top DataLoader remedy applied; report before -> after")
+    p.add_argument("--nproc", type=int, default=None, metavar="N",
+                   help="run the script as N ranks of a torch.distributed job (as torchrun "
+                        "--standalone --nproc_per_node N); print a row per rank and the slowest")
+    p.add_argument("--rank-dir", default=None, help=argparse.SUPPRESS)  # --nproc's ranks write here
     p.add_argument("target", nargs=argparse.REMAINDER, metavar="script.py [args] | -m MODULE [args]",
                    help="the training script (or -m MODULE) and its own arguments: everything "
                         "from there on goes to the script, as with python")
     p.set_defaults(handler=run)
 
 
-_VALUED = {"--steps", "--warmup", "--seconds", "--json", "--trace"}
+_VALUED = {"--steps", "--warmup", "--seconds", "--json", "--trace", "--nproc", "--rank-dir"}
 
 
 def split_argv(argv: list[str]) -> list[str]:
@@ -52,19 +72,40 @@ def split_argv(argv: list[str]) -> list[str]:
 def run(args: argparse.Namespace) -> int:
     target, script_args, module = _target(args)
     steps = args.steps if args.steps is not None or args.seconds is not None else 50
+    _check(args, target, module, steps)
+    if args.nproc is not None:
+        return _launch_ranks(args, target, script_args, module, steps)
+    result = diagnose(target, script_args, module=module, steps=steps,
+                      warmup=args.warmup, seconds=args.seconds, trace_dir=_trace_dir(args),
+                      verify=args.verify)
+    if args.rank_dir is not None:  # a rank of --nproc: the launching process reports
+        rank_files.write_rank(args.rank_dir, result)
+    elif result.world_size is not None and result.world_size > 1:  # a rank under torchrun
+        return _torchrun_rank(args, result)
+    else:
+        print_diagnosis(result, wide_console())
+        if args.json is not None:
+            result.write_json(args.json)
+    return EXIT_SCRIPT_FAILED if result.error else 0
+
+
+def _check(args: argparse.Namespace, target: str, module: bool, steps: int | None) -> None:
+    """Every problem with the arguments, before anything runs or is launched."""
     problems = check_target(target, module=module, steps=steps, warmup=args.warmup,
                             seconds=args.seconds, trace_dir=args.trace)
     if args.json is not None:
         problems += [p for p in [writable_problem(args.json, "--json")] if p]
+    problems += _rank_problems(args, *launched_rank())
     if problems:
         raise ConfigError(problems)
-    result = diagnose(target, script_args, module=module, steps=steps,
-                      warmup=args.warmup, seconds=args.seconds, trace_dir=args.trace,
-                      verify=args.verify)
-    print_diagnosis(result, wide_console())
-    if args.json is not None:
-        result.write_json(args.json)
-    return EXIT_SCRIPT_FAILED if result.error else 0
+
+
+def _trace_dir(args: argparse.Namespace) -> Path | None:
+    """--trace DIR; a rank of a distributed job writes into DIR/rank-{RANK}."""
+    rank = launched_rank()[0]
+    if args.trace is None or rank is None:
+        return None if args.trace is None else Path(args.trace)
+    return Path(args.trace) / f"rank-{rank}"
 
 
 EXIT_SCRIPT_FAILED = 1  # the diagnosis was printed, but the script itself raised
@@ -82,3 +123,91 @@ def _target(args: argparse.Namespace) -> tuple[str, list[str], bool]:
         raise ConfigError("no script given: looptune diagnose [options] script.py [args...] "
                           "or looptune diagnose [options] -m module [args...].")
     return rest[0], rest[1:], False
+
+
+def _rank_problems(args: argparse.Namespace, rank: int | None, world: int) -> list[str]:
+    """What a distributed diagnosis cannot do, before anything is launched."""
+    problems = []
+    if world > 1 and rank is None:
+        problems.append(f"WORLD_SIZE={world} but RANK is not set: launch with torchrun (or "
+                        "looptune diagnose --nproc N), which sets both, or unset WORLD_SIZE.")
+    if args.nproc is not None:
+        problems += [p for p in [nproc_problem(args.nproc)] if p]
+        if world > 1:
+            problems.append(f"--nproc {args.nproc} inside a distributed job (WORLD_SIZE={world}): "
+                            "this process is already a rank. Drop --nproc under torchrun.")
+    if args.rank_dir is not None and (rank is None or not Path(args.rank_dir).is_dir()):
+        problems.append(f"--rank-dir {args.rank_dir!r} is internal to --nproc (its ranks write "
+                        "there; it needs RANK and an existing folder). Use --nproc N instead.")
+    if args.nproc is not None or args.rank_dir is not None or world > 1:
+        if args.verify:
+            problems.append("--verify cannot rerun a distributed script: its process group is "
+                            "set up once per process. Verify on one process (drop --nproc / "
+                            "torchrun), or apply the remedy and diagnose again.")
+        if args.seconds is not None:
+            problems.append(f"--seconds {args.seconds} would stop the ranks after different step "
+                            "counts, leaving the others waiting in their all-reduce for a rank "
+                            "that stopped. Use --steps N with --nproc / torchrun.")
+    return problems
+
+
+def _launch_ranks(args: argparse.Namespace, target: str, script_args: list[str], module: bool,
+                  steps: int) -> int:
+    """Run the script as ``args.nproc`` ranks, each diagnosing itself; report all of them."""
+    folder = Path(tempfile.mkdtemp(prefix="looptune-diagnose-"))
+    options = ["--steps", str(steps), "--warmup", str(args.warmup), "--rank-dir", str(folder)]
+    if args.trace is not None:
+        options += ["--trace", str(args.trace)]
+    script = ["-m", target] if module else [target]
+    try:
+        try:
+            launch(["diagnose", *options, "--", *script, *script_args], nproc=args.nproc)
+        except LaunchFailed as err:  # the others were stopped: report what the ranks wrote
+            found, _ = rank_files.read_ranks(folder, list(range(args.nproc)))
+            if not found:
+                raise
+            _report(found, args.nproc, args.json)
+            print(f"looptune diagnose: error: {err}", file=sys.stderr)
+            return EXIT_SCRIPT_FAILED
+        found, _ = rank_files.read_ranks(folder, list(range(args.nproc)))
+        if not found:
+            raise LaunchFailed(f"all {args.nproc} ranks exited without writing a diagnosis "
+                               f"into {folder}: nothing to report. Rerun; if it happens again, "
+                               "it is a looptune bug: please report it.", {})
+        return _report(found, args.nproc, args.json)
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)  # temporary rank files: nothing to keep
+
+
+def _torchrun_rank(args: argparse.Namespace, result: Diagnosis) -> int:
+    """Under torchrun: every rank writes its file; the node's first rank reports them all."""
+    folder = rank_files.torchrun_folder()
+    path = rank_files.write_rank(folder, result)
+    ranks = rank_files.node_ranks()
+    if result.rank != ranks[0]:
+        print(f"looptune diagnose: rank {result.rank}: {result.steps_measured} steps, median "
+              f"{result.step_ms:.2f} ms; rank {ranks[0]} reports every rank ({path})")
+        return EXIT_SCRIPT_FAILED if result.error else 0
+    # if this rank's script raised, the others may be blocked in a collective waiting for it:
+    # report at once what is there (they fail when this process exits)
+    wait_s = 0.0 if result.error else rank_files.RANK_WAIT_S
+    found, missing = rank_files.wait_for_ranks(folder, ranks, timeout_s=wait_s)
+    code = _report(found, result.world_size or len(ranks), args.json)
+    for rank in ranks:
+        rank_files.rank_file(folder, rank).unlink(missing_ok=True)
+    if missing:
+        print(f"looptune diagnose: ranks {missing} wrote no diagnosis into {folder} within "
+              f"{wait_s:.0f} s: the report above lacks them (a rank failed or hangs; see "
+              "torchrun's output).", file=sys.stderr)
+        return EXIT_SCRIPT_FAILED
+    with contextlib.suppress(OSError):  # not empty: a late rank wrote after all; tmp is cleaned
+        folder.rmdir()
+    return code
+
+
+def _report(found: list[Diagnosis], world_size: int, json_path: str | None) -> int:
+    report = merge_ranks(found, world_size=world_size)
+    print_rank_report(report, wide_console())
+    if json_path is not None:
+        report.write_json(json_path)
+    return EXIT_SCRIPT_FAILED if any(d.error for d in found) else 0

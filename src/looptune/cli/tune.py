@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 
 from rich.table import Table
 
@@ -82,7 +83,7 @@ def run_loader(args: argparse.Namespace) -> int:
     dataset, model = _targets(args, need_model=False)
     result = tune_loader(dataset, batch_size=args.batch_size, model=model, device=args.device,
                          budget_s=args.budget_s)
-    console = wide_console()
+    console = _console()
     console.print(_decisions_table(result.decisions))
     console.print(f"measured {len(result.trials)} settings in {result.elapsed_s:.1f} s"
                   f" ({'with a training step' if result.end_to_end else 'loading only'})")
@@ -98,12 +99,20 @@ def run_batch(args: argparse.Namespace) -> int:
     result = tune_batch_size(model, dataset, device=args.device,
                              max_memory_fraction=args.max_memory_fraction,
                              keep_effective=args.keep_effective, budget_s=args.budget_s)
-    console = wide_console()
+    console = _console()
     console.print(_decisions_table(result.decisions))
     console.print(f"recommended: {result.recommended}", highlight=False, markup=False)
     _write(args.json, {"recommended": result.recommended, "trials": result.trials,
                        "decisions": [d.__dict__ for d in result.decisions]})
     return 0
+
+
+def _console():
+    """stdout, silent on ranks other than 0 when launched per rank (torchrun): every rank
+    measures (the ranks compete for the machine as they will in training), rank 0 reports."""
+    console = wide_console()
+    console.quiet = os.environ.get("RANK", "0") != "0"
+    return console
 
 
 def _decisions_table(decisions) -> Table:
@@ -116,7 +125,7 @@ def _decisions_table(decisions) -> Table:
 
 
 def _write(path: str | None, data: dict) -> None:
-    if path is not None:
+    if path is not None and os.environ.get("RANK", "0") == "0":
         atomic_write_text(path, json.dumps(data, indent=2, default=_plain) + "\n")
 
 

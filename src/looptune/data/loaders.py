@@ -23,12 +23,16 @@ from typing import Protocol
 
 import numpy as np
 import torch
-from torch.utils.data import DataLoader, Dataset, Sampler, TensorDataset
+from torch.utils.data import DataLoader, Dataset, TensorDataset
 
+from looptune.data.order import (EpochBatchSampler, EpochSampler, batch_indices,  # noqa: F401
+                                 epoch_batches, epoch_permutation, num_batches, rank_num_batches,
+                                 rank_samples_per_epoch)
 from looptune.recipe import LoaderConfig
 
-__all__ = ["ImageData", "BatchedData", "BatchSource", "has_get_batch", "epoch_permutation", "normalize_batch",
-           "reference_transform", "num_batches", "batch_indices", "make"]
+__all__ = ["ImageData", "BatchedData", "BatchSource", "has_get_batch", "epoch_permutation",
+           "epoch_batches", "normalize_batch", "reference_transform", "num_batches",
+           "batch_indices", "make"]
 
 Batch = tuple[torch.Tensor, torch.Tensor]
 
@@ -119,17 +123,6 @@ class BatchSource(Protocol):
     def batch_indices(self, epoch: int, i: int) -> torch.Tensor | None: ...  # samples of a batch
 
 
-def epoch_permutation(n: int, *, seed: int, epoch: int) -> torch.Tensor:
-    """The shuffle order of ``epoch``: a CPU int64 permutation of ``range(n)``.
-
-    Derived from (seed, epoch) alone, so any epoch can be replayed (resume, several ranks) without
-    replaying the earlier ones.
-    """
-    state = np.random.SeedSequence([seed, epoch]).generate_state(2, dtype=np.uint32)
-    gen = torch.Generator().manual_seed(int(state[0]) << 32 | int(state[1]))
-    return torch.randperm(n, generator=gen)
-
-
 def normalize_batch(x: torch.Tensor, mean: float | None, std: float | None) -> torch.Tensor:
     """uint8 -> float32 normalized: the float ops of ToTensor + Normalize, batched.
 
@@ -146,39 +139,6 @@ def normalize_batch(x: torch.Tensor, mean: float | None, std: float | None) -> t
 @functools.lru_cache(maxsize=16)
 def _constants(device: torch.device, mean: float, std: float) -> tuple[torch.Tensor, ...]:
     return tuple(torch.tensor(v, dtype=torch.float32, device=device) for v in (255.0, mean, std))
-
-
-class _EpochSampler(Sampler[int]):
-    """Yields the sample indices of :func:`epoch_permutation` for the current epoch."""
-
-    def __init__(self, n: int, seed: int) -> None:
-        self.n, self.seed, self.epoch, self.skip = n, seed, 0, 0
-
-    def set_epoch(self, epoch: int, skip: int = 0) -> None:
-        """Select the epoch's permutation; ``skip`` leading items (a resumed epoch's done part)."""
-        self.epoch, self.skip = epoch, skip
-
-    def __len__(self) -> int:
-        return self.n
-
-    def __iter__(self) -> Iterator[int]:
-        perm = epoch_permutation(self.n, seed=self.seed, epoch=self.epoch)
-        return iter(perm[self.skip:].tolist())
-
-
-class _EpochBatchSampler(_EpochSampler):
-    """Yields one int64 index tensor per batch (for datasets that gather whole batches)."""
-
-    def __init__(self, n: int, seed: int, batch_size: int, drop_last: bool) -> None:
-        super().__init__(n, seed)
-        self.batch_size, self.drop_last = batch_size, drop_last
-
-    def __len__(self) -> int:
-        return num_batches(self.n, self.batch_size, self.drop_last)
-
-    def __iter__(self) -> Iterator[torch.Tensor]:  # type: ignore[override]
-        perm = epoch_permutation(self.n, seed=self.seed, epoch=self.epoch)
-        return iter(perm.split(self.batch_size)[self.skip: len(self)])
 
 
 class _ToTensorNormalize:
@@ -270,14 +230,15 @@ class LoaderSource:
     """The ``dataloader`` strategy: a torch DataLoader in host memory, one copy per step."""
 
     def __init__(self, cfg: LoaderConfig, data: ImageData | Dataset, device: torch.device,
-                 seed: int):
+                 seed: int, rank: int = 0, world: int = 1):
         self.cfg, self.device, self.n, self.seed = cfg, device, len(data), seed
+        self.rank, self.world = rank, world
         self.mean, self.std = getattr(data, "mean", None), getattr(data, "std", None)
-        self.loader = _build_dataloader(cfg, data, seed)
-        self.samples_per_epoch = _samples_per_epoch(len(data), cfg)
+        self.loader = _build_dataloader(cfg, data, seed, rank, world)
+        self.samples_per_epoch = rank_samples_per_epoch(len(data), cfg, world)
 
     def __len__(self) -> int:
-        return num_batches(self.n, self.cfg.batch_size, self.cfg.drop_last)
+        return rank_num_batches(self.n, self.cfg.batch_size, self.cfg.drop_last, self.world)
 
     def epoch(self, epoch: int, start: int = 0) -> Iterator[Batch]:
         # per-sample sampler skips samples, the batch sampler skips whole batches
@@ -286,7 +247,8 @@ class LoaderSource:
         return iter(self.loader)
 
     def batch_indices(self, epoch: int, i: int) -> torch.Tensor:
-        return batch_indices(self.n, self.cfg.batch_size, seed=self.seed, epoch=epoch, i=i)
+        return batch_indices(self.n, self.cfg.batch_size, seed=self.seed, epoch=epoch, i=i,
+                             drop_last=self.cfg.drop_last, rank=self.rank, world=self.world)
 
     def to_device(self, x: torch.Tensor, y: torch.Tensor) -> Batch:
         nb = self.cfg.non_blocking
@@ -296,7 +258,8 @@ class LoaderSource:
         return x, y
 
 
-def _build_dataloader(cfg: LoaderConfig, data: ImageData | Dataset, seed: int) -> DataLoader:
+def _build_dataloader(cfg: LoaderConfig, data: ImageData | Dataset, seed: int, rank: int,
+                      world: int) -> DataLoader:
     workers = {}
     if cfg.num_workers > 0:
         workers = {"persistent_workers": cfg.persistent_workers}
@@ -309,9 +272,10 @@ def _build_dataloader(cfg: LoaderConfig, data: ImageData | Dataset, seed: int) -
         if isinstance(data, ImageData):
             per_sample = (PerSampleImages(data) if data.mean is not None
                           else TensorDataset(data.images, data.labels))
-        return DataLoader(per_sample, batch_size=cfg.batch_size,
-                          sampler=_EpochSampler(len(data), seed), drop_last=cfg.drop_last, **common)
-    batches = _EpochBatchSampler(len(data), seed, cfg.batch_size, cfg.drop_last)
+        sampler = EpochSampler(len(data), seed, cfg.batch_size, cfg.drop_last, rank, world)
+        return DataLoader(per_sample, batch_size=cfg.batch_size, sampler=sampler,
+                          drop_last=cfg.drop_last, **common)
+    batches = EpochBatchSampler(len(data), seed, cfg.batch_size, cfg.drop_last, rank, world)
     # batch_size=None: each sampler item (an index tensor) is one already-batched __getitem__ call
     return DataLoader(TensorBatches(data), batch_size=None, sampler=batches, **common)
 
@@ -320,46 +284,47 @@ class DeviceSource:
     """The ``device`` strategy: the uint8 dataset resident on the device, shuffled there per epoch."""
 
     def __init__(self, cfg: LoaderConfig, data: ImageData | BatchedData, device: torch.device,
-                 seed: int):
+                 seed: int, rank: int = 0, world: int = 1):
         self.cfg, self.seed, self.mean, self.std = cfg, seed, data.mean, data.std
+        self.rank, self.world, self.device = rank, world, device
         data = data.materialize()  # a packed dataset: read once, vectorized
-        self.images = data.images.to(device)  # uint8 stays uint8 on the device: 4x less memory
-        self.labels = data.labels.to(device)
+        # one process: the whole uint8 dataset on the device (uint8: 4x less memory than float).
+        # `world` ranks: the dataset stays in host memory and each epoch copies only this rank's
+        # shard of the global permutation to the device, so a rank holds 1/world of the data.
+        where = device if world == 1 else torch.device("cpu")
+        self.images, self.labels = data.images.to(where), data.labels.to(where)
         self.n = len(data)
-        self.samples_per_epoch = _samples_per_epoch(self.n, cfg)
+        self.samples_per_epoch = rank_samples_per_epoch(self.n, cfg, world)
 
     def __len__(self) -> int:
-        return num_batches(self.n, self.cfg.batch_size, self.cfg.drop_last)
+        return rank_num_batches(self.n, self.cfg.batch_size, self.cfg.drop_last, self.world)
 
     def epoch(self, epoch: int, start: int = 0) -> Iterator[Batch]:
-        perm = epoch_permutation(self.n, seed=self.seed, epoch=epoch).to(self.images.device)
+        sizes: int | list[int]
+        if self.world == 1:  # the whole permutation, cut in batch_size slices
+            index, sizes = epoch_permutation(self.n, seed=self.seed, epoch=epoch), self.cfg.batch_size
+        else:
+            batches = epoch_batches(self.n, self.cfg.batch_size, seed=self.seed, epoch=epoch,
+                                    drop_last=self.cfg.drop_last, rank=self.rank, world=self.world)
+            index, sizes = torch.cat(batches), [len(b) for b in batches]
+        index = index.to(self.images.device)
         # one gather per epoch, then every batch is a free slice (view) of contiguous memory
-        images, labels = self.images.index_select(0, perm), self.labels.index_select(0, perm)
-        pairs = zip(images.split(self.cfg.batch_size), labels.split(self.cfg.batch_size))
+        images, labels = self.images.index_select(0, index), self.labels.index_select(0, index)
+        # several ranks: this epoch's shard crosses to the device in one copy (else a no-op)
+        images, labels = images.to(self.device), labels.to(self.device)
+        pairs = zip(images.split(sizes), labels.split(sizes))
         return iter(list(pairs)[start: len(self)])
 
     def batch_indices(self, epoch: int, i: int) -> torch.Tensor:
-        return batch_indices(self.n, self.cfg.batch_size, seed=self.seed, epoch=epoch, i=i)
+        return batch_indices(self.n, self.cfg.batch_size, seed=self.seed, epoch=epoch, i=i,
+                             drop_last=self.cfg.drop_last, rank=self.rank, world=self.world)
 
     def to_device(self, x: torch.Tensor, y: torch.Tensor) -> Batch:
         return normalize_batch(x, self.mean, self.std), y
 
 
-def num_batches(n: int, batch_size: int, drop_last: bool) -> int:
-    return n // batch_size if drop_last else -(-n // batch_size)
-
-
-def batch_indices(n: int, batch_size: int, *, seed: int, epoch: int, i: int) -> torch.Tensor:
-    """The dataset indices in batch ``i`` of ``epoch`` (to name the samples of a bad batch)."""
-    return epoch_permutation(n, seed=seed, epoch=epoch)[i * batch_size: (i + 1) * batch_size]
-
-
-def _samples_per_epoch(n: int, cfg: LoaderConfig) -> int:
-    return num_batches(n, cfg.batch_size, True) * cfg.batch_size if cfg.drop_last else n
-
-
 def make(cfg: LoaderConfig, data: ImageData | BatchedData, *, device: torch.device,
-         seed: int) -> BatchSource:
+         seed: int, rank: int = 0, world: int = 1) -> BatchSource:
     """Build the batch source a (resolved) loader config asks for.
 
     Args:
@@ -368,6 +333,8 @@ def make(cfg: LoaderConfig, data: ImageData | BatchedData, *, device: torch.devi
             (:class:`BatchedData`, e.g. a packed dataset).
         device: the training device; ``device`` strategy copies the dataset there once.
         seed: shuffle seed; epoch ``e`` uses ``epoch_permutation(len(data), seed=seed, epoch=e)``.
+        rank, world: this process's rank among ``world`` data-parallel ranks; each gets its
+            share of every global batch (:func:`epoch_batches`).
 
     Returns:
         A :class:`BatchSource`.
@@ -375,7 +342,7 @@ def make(cfg: LoaderConfig, data: ImageData | BatchedData, *, device: torch.devi
     if cfg.strategy == "prefetch":
         from looptune.data.prefetch import PrefetchSource  # local: prefetch.py imports this module
 
-        return PrefetchSource(cfg, data, device=device, seed=seed)
+        return PrefetchSource(cfg, data, device=device, seed=seed, rank=rank, world=world)
     if cfg.strategy == "device":
-        return DeviceSource(cfg, data, device, seed)
-    return LoaderSource(cfg, data, device, seed)
+        return DeviceSource(cfg, data, device, seed, rank, world)
+    return LoaderSource(cfg, data, device, seed, rank, world)

@@ -89,17 +89,19 @@ class PrefetchSource:
     """
 
     def __init__(self, cfg: LoaderConfig, data: loaders.ImageData | loaders.BatchedData, *,
-                 device: torch.device, seed: int) -> None:
+                 device: torch.device, seed: int, rank: int = 0, world: int = 1) -> None:
         self.depth = _check_depth(cfg.prefetch_factor)
         self.cfg, self.seed, self.mean, self.std = cfg, seed, data.mean, data.std
+        self.rank, self.world = rank, world
         self.device = _resolve_device(torch.device(device))
         self.data = data  # stays in host memory (tensors, or a packed dataset read per batch)
         self.n = len(data)
-        self.samples_per_epoch = loaders._samples_per_epoch(self.n, cfg)
+        self.samples_per_epoch = loaders.rank_samples_per_epoch(self.n, cfg, world)
         self._active: _Producer | None = None
 
     def __len__(self) -> int:
-        return loaders.num_batches(self.n, self.cfg.batch_size, self.cfg.drop_last)
+        return loaders.rank_num_batches(self.n, self.cfg.batch_size, self.cfg.drop_last,
+                                        self.world)
 
     def epoch(self, epoch: int, start: int = 0) -> Iterator[Batch]:
         """The batches of ``epoch`` from batch ``start``, already on the training device.
@@ -124,7 +126,9 @@ class PrefetchSource:
 
     def batch_indices(self, epoch: int, i: int) -> torch.Tensor:
         """The dataset indices in batch ``i`` of ``epoch``."""
-        return loaders.batch_indices(self.n, self.cfg.batch_size, seed=self.seed, epoch=epoch, i=i)
+        return loaders.batch_indices(self.n, self.cfg.batch_size, seed=self.seed, epoch=epoch, i=i,
+                                     drop_last=self.cfg.drop_last, rank=self.rank,
+                                     world=self.world)
 
     def to_device(self, x: torch.Tensor, y: torch.Tensor) -> Batch:
         """Normalize a batch from :meth:`epoch` (already on the device) to float32.
@@ -156,8 +160,9 @@ class PrefetchSource:
 
     def _start(self, epoch: int, start: int) -> _Producer:
         self.close()  # another iterator may have started since epoch() returned this one
-        index = loaders.epoch_permutation(self.n, seed=self.seed, epoch=epoch)
-        batches = index.split(self.cfg.batch_size)[start: len(self)]
+        batches = loaders.epoch_batches(self.n, self.cfg.batch_size, seed=self.seed, epoch=epoch,
+                                        drop_last=self.cfg.drop_last, rank=self.rank,
+                                        world=self.world)[start:]
         stage = self._stager()
         self._active = _Producer(lambda i: stage(i, batches[i]), len(batches), self.depth,
                                  context=stage.context, epoch=epoch)

@@ -11,7 +11,7 @@ import torch
 from looptune.diagnose.model import Environment
 from looptune.measure.timing import sync
 
-__all__ = ["environment", "matmul_rate", "memory_limit", "alloc_retries"]
+__all__ = ["alloc_retries", "environment", "matmul_rate", "memory_limit"]
 
 
 @functools.lru_cache(maxsize=4)

@@ -6,8 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-__all__ = ["Bottleneck", "Phase", "StepSample", "LoaderInfo", "Environment", "Measurements",
-           "Finding", "Remedy", "Verdict", "PHASES"]
+__all__ = ["PHASES", "Bottleneck", "Environment", "Finding", "LoaderInfo", "Measurements", "Phase",
+           "Remedy", "StepSample", "Verdict"]
 
 Bottleneck = Literal["data_loading", "host_to_device", "overhead", "compute", "memory"]
 # the phases one step's wall time is split into (they sum to the step time)

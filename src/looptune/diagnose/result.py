@@ -6,10 +6,12 @@ import dataclasses
 import json
 import os
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from looptune._io import atomic_write_text
 from looptune.diagnose.model import Finding, LoaderInfo, Remedy
+from looptune.errors import MeasurementError
 
 __all__ = ["Diagnosis"]
 
@@ -36,9 +38,56 @@ class Diagnosis:
     verify: dict[str, Any] | None = None  # --verify: remedy, before/after step ms, speedup
     trace: dict[str, Any] | None = None  # --trace: files written and the top operators table
     provenance: dict[str, Any] = field(default_factory=dict)
+    rank: int | None = None  # RANK in a distributed job (torchrun, --nproc); None: one process
+    world_size: int | None = None  # WORLD_SIZE of that job; None: one process
+    # per measured step (as step_s): seconds blocked in collectives, waiting for the other ranks
+    # and the transfer (DDP's all-reduce after this rank's backward, blocking dist.* calls);
+    # None: one process, or not measurable (CUDA/NCCL)
+    wait_s: list[float] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Diagnosis:
+        """The inverse of :meth:`to_dict` (a ``--json`` file read back).
+
+        Raises:
+            MeasurementError: ``data`` is not a diagnosis record (missing or unknown fields).
+        """
+        fields = dataclasses.fields(cls)
+        names = {f.name for f in fields}
+        required = {f.name for f in fields if f.default is dataclasses.MISSING
+                    and f.default_factory is dataclasses.MISSING}
+        if not isinstance(data, dict) or not required <= set(data) or not set(data) <= names:
+            got = sorted(data) if isinstance(data, dict) else type(data).__name__
+            raise MeasurementError(
+                f"not a diagnosis record: needs the fields {sorted(required)} (and at most "
+                f"{sorted(names - required)}), got {got}. Was it written by looptune diagnose "
+                "--json of another version? Rerun the diagnosis.")
+        try:
+            return cls(**{**data, "findings": [Finding(**f) for f in data["findings"]],
+                          "remedies": [Remedy(**r) for r in data["remedies"]],
+                          "loaders": [LoaderInfo(**ld) for ld in data["loaders"]]})
+        except TypeError as err:  # a finding / remedy / loader with other fields
+            raise MeasurementError(f"not a diagnosis record: {err}. Rerun the diagnosis.") from None
+
+    @classmethod
+    def read_json(cls, path: str | os.PathLike) -> Diagnosis:
+        """Read a diagnosis written by :meth:`write_json`.
+
+        Raises:
+            MeasurementError: the file is missing, not JSON, or not a diagnosis record.
+        """
+        try:
+            data = json.loads(Path(path).read_text(encoding="utf-8"))
+        except (OSError, ValueError) as err:
+            raise MeasurementError(f"cannot read the diagnosis {str(path)!r}: {err}. Rerun the "
+                                   "diagnosis to write it again.") from None
+        try:
+            return cls.from_dict(data)
+        except MeasurementError as err:
+            raise MeasurementError(f"{str(path)!r}: {err}") from None
 
     def write_json(self, path: str | os.PathLike) -> None:
         """Atomic: an interrupted write never leaves half a file at ``path``."""

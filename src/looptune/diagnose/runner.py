@@ -18,11 +18,12 @@ import traceback
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from looptune.diagnose import env as env_probe
+from looptune.diagnose.collectives import RankWaits, launched_rank
 from looptune.diagnose.model import Measurements
 from looptune.diagnose.result import Diagnosis
 from looptune.diagnose.schedule import UNBOUNDED, Schedule
@@ -32,7 +33,10 @@ from looptune.measure.memory import PeakMemory
 from looptune.measure.probes import StepProbes, StopScript
 from looptune.measure.provenance import provenance
 
-__all__ = ["diagnose", "watch", "check_target"]
+if TYPE_CHECKING:
+    from typing_extensions import Self  # typing.Self needs Python 3.11
+
+__all__ = ["check_target", "diagnose", "watch"]
 
 
 
@@ -124,15 +128,24 @@ class _Run:
     peak_kind: str
     trace: dict[str, Any] | None
     total_steps: int
+    wait_s: list[float] | None = None  # per measured step: blocked on other ranks
 
 
 def _run_once(target, args, *, module, steps, warmup, seconds, trace_dir,
               loader_overrides: dict[str, Any] | None = None) -> _Run:
     device = torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
     schedule = Schedule(warmup, steps, seconds, trace_dir, device)
-    probes = StepProbes(on_step=schedule.on_step)
+    # a rank of a distributed job: also time its waits on the other ranks (CPU/gloo only)
+    waits = RankWaits(enabled=device.type == "cpu" and launched_rank()[1] > 1)
+
+    def on_step(n: int) -> None:
+        waits.end_step()  # first: schedule.on_step may end the script
+        schedule.on_step(n)
+
+    probes = StepProbes(on_step=on_step)
     error, oom = None, False
-    with _script_env(target, args, module) as run, probes, _loader_overrides(loader_overrides):
+    with (_script_env(target, args, module) as run, probes, waits,
+          _loader_overrides(loader_overrides)):
         try:
             schedule.begin()
             run()
@@ -142,23 +155,25 @@ def _run_once(target, args, *, module, steps, warmup, seconds, trace_dir,
             schedule.end("script_ended" if exc.code in (0, None) else f"exit {exc.code}")
         except KeyboardInterrupt:  # Ctrl-C: report what was measured so far
             schedule.end("interrupted")
-        except Exception as exc:  # the user's script failed: report it with what was measured
+        except Exception as exc:  # noqa: BLE001 - the script failed: report what was measured
             oom = isinstance(exc, torch.OutOfMemoryError)
             schedule.end("error")
             error = "".join(traceback.format_exception_only(type(exc), exc)).strip()
         finally:
             schedule.close()
-    return _collect(schedule, probes, error=error, oom=oom, device=device)
+    return _collect(schedule, probes, error=error, oom=oom, device=device, waits=waits.per_step)
 
 
-def _collect(schedule: Schedule, probes: StepProbes, *, error, oom, device) -> _Run:
+def _collect(schedule: Schedule, probes: StepProbes, *, error, oom, device,
+             waits: list[float] | None = None) -> _Run:
     samples = probes.samples
     if not samples:
         raise MeasurementError(
             "the script never called optimizer.step(): diagnose finds step boundaries through "
             "torch.optim optimizers. Make sure the script trains with one, and that it reaches "
             "the training loop with the arguments given" + (f" (it raised: {error})" if error else "."))
-    measured = _measured(samples, schedule)
+    window = _measured(len(samples), schedule)
+    measured = samples[window]
     if schedule.device_busy_s is not None:  # CUDA: split device time from host-side overhead
         measured = [dataclasses.replace(s, device_busy_s=schedule.device_busy_s) for s in measured]
     mem = schedule.memory.read() if schedule.memory else PeakMemory(device).read()
@@ -168,17 +183,19 @@ def _collect(schedule: Schedule, probes: StepProbes, *, error, oom, device) -> _
         flops_per_step=schedule.flops, matmul_flops_per_s=env_probe.matmul_rate(device),
         peak_mem_bytes=mem.peak_bytes, mem_limit_bytes=env_probe.memory_limit(device),
         alloc_retries=env_probe.alloc_retries(device), oom=oom, env=env_probe.environment(device))
+    wait_s = None if waits is None or len(waits) != len(samples) else waits[window]
     return _Run(measurements, schedule.stopped, error, [s.step_s for s in measured], mem.kind,
-                schedule.trace, len(samples))
+                schedule.trace, len(samples), wait_s)
 
 
-def _measured(samples: list, schedule: Schedule) -> list:
-    """The measured samples; if the script ended early, the best the run allows."""
-    if schedule.first_measured is not None and len(samples) > schedule.first_measured:
+def _measured(n: int, schedule: Schedule) -> slice:
+    """Which of the ``n`` samples are measured; if the script ended early, the best it allows."""
+    if schedule.first_measured is not None and n > schedule.first_measured:
         first = schedule.first_measured
-        return samples[first: first + schedule.steps]  # none past the limit, caught or not
-    after_warmup = samples[schedule.warmup + 1:]  # skip warm-up and the FLOP-counted step
-    return after_warmup or samples[1:] or samples
+        return slice(first, first + schedule.steps)  # none past the limit, caught or not
+    if n > schedule.warmup + 1:
+        return slice(schedule.warmup + 1, n)  # skip warm-up and the FLOP-counted step
+    return slice(1, n) if n > 1 else slice(0, n)
 
 
 @contextlib.contextmanager
@@ -222,6 +239,9 @@ def diagnose(target: str | Callable, args: Sequence[str] | str = (), *, module: 
 
     Returns:
         A frozen :class:`Diagnosis`: bottleneck, shares, ranked remedies, findings, evidence.
+        In a rank of a distributed job (torchrun, ``looptune diagnose --nproc``) it also
+        records ``rank``, ``world_size`` and, on the CPU, each step's time in collectives
+        (``wait_s``); :func:`looptune.diagnose.ranks.merge_ranks` compares the ranks.
 
     Raises:
         ConfigError: bad arguments (before anything runs).
@@ -295,6 +315,7 @@ def _diagnosis(target, args, module, steps, run: _Run, verdict, checked) -> Diag
     m = run.measurements
     name = f"-m {target}" if module else getattr(target, "__name__", str(target))
     device = torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
+    rank, world = launched_rank()
     return Diagnosis(
         bottleneck=verdict.bottleneck, shares=verdict.shares, step_ms=verdict.step_ms,
         phase_ms=verdict.phase_ms, steps_measured=len(m.steps),
@@ -303,7 +324,9 @@ def _diagnosis(target, args, module, steps, run: _Run, verdict, checked) -> Diag
         remedies=verdict.remedies, loaders=m.loaders, step_s=run.step_s,
         peak_mem_bytes=m.peak_mem_bytes, peak_mem_kind=run.peak_kind,
         script=" ".join([name, *args]), stopped=run.stopped, error=run.error, verify=checked,
-        trace=run.trace, provenance=provenance(device))
+        trace=run.trace, provenance=provenance(device), rank=rank,
+        world_size=None if rank is None else world,
+        wait_s=run.wait_s)
 
 
 class watch:
@@ -328,7 +351,7 @@ class watch:
         self.warmup, self.steps = warmup, steps
         self.diagnosis: Diagnosis | None = None
 
-    def __enter__(self) -> watch:
+    def __enter__(self) -> Self:
         device = torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
         self._schedule = Schedule(self.warmup, self.steps or UNBOUNDED, None, None, device)
         self._probes = StepProbes(on_step=self._schedule.on_step).__enter__()

@@ -14,7 +14,7 @@ import torch
 from looptune.measure.memory import PeakMemory
 from looptune.measure.probes import StopScript
 
-__all__ = ["Schedule", "TRACE_STEPS", "UNBOUNDED"]
+__all__ = ["TRACE_STEPS", "UNBOUNDED", "Schedule"]
 
 UNBOUNDED = 10**12  # "steps" when only seconds bound the measurement
 TRACE_STEPS = 3  # steps inside the torch.profiler window (excluded from the measurement)

@@ -13,10 +13,9 @@ from dataclasses import dataclass
 from statistics import median
 from typing import Any
 
-from looptune.diagnose.model import (PHASES, Measurements, Remedy,
-                                     StepSample, Verdict)
 from looptune.diagnose.findings import REMEDY_SHARE, _gib, _mib, _overhead_share
 from looptune.diagnose.findings import findings as _findings
+from looptune.diagnose.model import PHASES, Measurements, Remedy, StepSample, Verdict
 from looptune.errors import MeasurementError
 
 __all__ = ["amdahl", "analyze", "render_breakdown"]

@@ -17,6 +17,9 @@ from typing import Protocol
 import torch
 
 from looptune.data.loaders import BatchSource
+from looptune.dist import ddp
+from looptune.dist.context import DistContext
+from looptune.dist.results import combine_ranks
 from looptune.engine import checkpoint as ckpt
 from looptune.engine.optim import build_optimizer, optimizer_kind
 from looptune.engine.run_state import (Interrupted, NonFiniteLoss, RunOptions, RunState,
@@ -46,7 +49,7 @@ class Progress(Protocol):
 def train(*, model: torch.nn.Module, source: BatchSource, recipe: Recipe, loss_fn: LossFn,
           device: torch.device, options: RunOptions, evaluate: Evaluate | None = None,
           setup_s: float = 0.0, decisions: list[Decision] | None = None,
-          progress: Progress | None = None) -> RunResult:
+          progress: Progress | None = None, dist: DistContext | None = None) -> RunResult:
     """Train ``model`` on ``source`` under ``recipe`` for ``options.epochs``; measure it.
 
     Args:
@@ -59,6 +62,9 @@ def train(*, model: torch.nn.Module, source: BatchSource, recipe: Recipe, loss_f
         evaluate: ``evaluate(model) -> accuracy``; used for ``eval_every``/``target_accuracy``.
         setup_s, decisions: recorded as given (time to build ``source``; automatic changes).
         progress: optional sink for progress reports.
+        dist: this rank's place in a data-parallel job (``looptune.dist.context.init``); the
+            model is wrapped in DDP, ``source`` must yield this rank's share (``make(...,
+            rank=, world=)``), metrics are all-reduced and only rank 0 writes checkpoints.
 
     Returns:
         The run's measurements. Evaluation and compilation time are excluded from ``wall_s``.
@@ -67,7 +73,8 @@ def train(*, model: torch.nn.Module, source: BatchSource, recipe: Recipe, loss_f
         NonFiniteLoss: the loss became NaN/inf (with ``stop_on_nonfinite``).
         Interrupted: SIGINT/SIGTERM; the run saved a checkpoint first if it has a folder.
     """
-    run = _Run(model, source, recipe, loss_fn, device, options, evaluate, progress)
+    run = _Run(model, source, recipe, loss_fn, device, options, evaluate, progress,
+               dist or DistContext())
     decisions = list(decisions or []) + run.decisions
     with cpu_threads(recipe.cpu_threads), stop_signals(run.state):
         run.memory.start()
@@ -75,16 +82,18 @@ def train(*, model: torch.nn.Module, source: BatchSource, recipe: Recipe, loss_f
             run.state.epoch = epoch
             run.train_epoch(epoch)
         run.stepper.check_skips()
-    return run.result(setup_s=setup_s, decisions=decisions)
+    return combine_ranks(run.result(setup_s=setup_s, decisions=decisions), run.ctx)
 
 
 class _Run:
     """One run's objects and its per-epoch loop."""
 
-    def __init__(self, model, source, recipe, loss_fn, device, options, evaluate, progress):
+    def __init__(self, model, source, recipe, loss_fn, device, options, evaluate, progress, ctx):
         if len(source) == 0:
             raise MeasurementError("the data yields no batches: the dataset is empty or smaller "
                                    "than one batch with drop_last=True")
+        self.ctx, self.module = ctx, model  # the user's module: checkpoints and evaluation
+        model = ddp.wrap(model, device, ctx)  # DDP with several ranks, else the model itself
         self.model, self.source, self.recipe, self.device = model, source, recipe, device
         self.options, self.evaluate, self.progress = options, evaluate, progress
         capturable = recipe.step.cuda_graphs
@@ -171,8 +180,9 @@ class _Run:
     def _end_epoch(self, epoch: int, epoch_s: float) -> None:
         state, n_batches = self.state, len(self.source)
         total = state.loss_host + float(state.losses.sum().item())  # sync: once per epoch
+        (mean_loss,) = self.ctx.all_mean([total / n_batches])  # every rank: the global loss
         state.epoch_s.append(epoch_s)
-        state.epoch_loss.append(total / n_batches)
+        state.epoch_loss.append(mean_loss)
         state.epoch, state.position, state.epoch_partial_s = epoch + 1, 0, 0.0
         already = bool(state.evals) and state.evals[-1]["batches"] == state.global_batches
         if self.options.evaluates and not already:
@@ -185,7 +195,7 @@ class _Run:
         if self.evaluate is None:
             return
         state, t0 = self.state, time.perf_counter()
-        accuracy = self.evaluate(self.model)
+        accuracy = self.evaluate(self.module)
         self.model.train()
         spent = time.perf_counter() - t0
         state.eval_s += spent
@@ -218,9 +228,9 @@ class _Run:
 
     def _save_checkpoint(self) -> None:
         folder = self.options.checkpoint_dir
-        if folder is None:
+        if folder is None or not self.ctx.is_main:  # every rank holds the same state: one writes
             return
-        saved = self.state.to_checkpoint(model=self.model, optimizer=self.optimizer,
+        saved = self.state.to_checkpoint(model=self.module, optimizer=self.optimizer,
                                          scheduler=self.scheduler, scaler=self.stepper.scaler,
                                          recipe=self.recipe.to_dict())
         saved["train_s"] -= self.stepper.stats.compile_s  # a resumed run recompiles anyway
@@ -235,7 +245,7 @@ class _Run:
             self.decisions.append(Decision("resume", False, reason=(
                 f"no valid checkpoint in {folder}; started from scratch")))
             return
-        self.state.restore(saved, model=self.model, optimizer=self.optimizer,
+        self.state.restore(saved, model=self.module, optimizer=self.optimizer,
                            scheduler=self.scheduler, scaler=self.stepper.scaler, device=self.device)
         self.stepper.stats.optimizer_steps = int(self.scheduler.last_epoch)
         self.state.resumed_from = str(path)

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from looptune.dist import ddp
 from looptune.engine import graphs
 from looptune.errors import MeasurementError
 from looptune.recipe import StepConfig
@@ -76,10 +77,13 @@ class Stepper:
 
     def _micro_step(self, x: torch.Tensor, y: torch.Tensor, boundary: bool) -> torch.Tensor:
         k = self.cfg.accumulate
-        with autocast(self.device, self.cfg.precision):
-            loss = self.loss_fn(self._forward(x), y)
-        scaled = loss / k if k > 1 else loss  # mean over the effective batch, not the sum
-        (self.scaler.scale(scaled) if self.scaler else scaled).backward()
+        steps_now = self._micro + 1 == k or boundary
+        # DDP: a micro-step that does not step keeps its gradients local (no all-reduce)
+        with ddp.no_sync(self.model, skip=not steps_now):
+            with autocast(self.device, self.cfg.precision):
+                loss = self.loss_fn(self._forward(x), y)
+            scaled = loss / k if k > 1 else loss  # mean over the effective batch, not the sum
+            (self.scaler.scale(scaled) if self.scaler else scaled).backward()
         self._micro += 1
         if self._micro == k or boundary:
             self._optimizer_step()

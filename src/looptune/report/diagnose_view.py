@@ -1,15 +1,18 @@
-"""Terminal rendering of a Diagnosis: the breakdown, the verdict, findings, remedies."""
+"""Terminal rendering of a Diagnosis (the breakdown, the verdict, findings, remedies), and of a
+distributed job's RankReport (a row per rank, the slowest rank, then its full diagnosis)."""
 
 from __future__ import annotations
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from looptune.diagnose.model import PHASES
+from looptune.diagnose.ranks import RankReport
 from looptune.diagnose.result import Diagnosis
 from looptune.report.render import format_bytes
 
-__all__ = ["print_diagnosis"]
+__all__ = ["print_diagnosis", "print_rank_report", "rank_table"]
 
 _PHASE_TEXT = {"data_wait": "data wait", "host_to_device": "host-to-device", "sync": "host sync",
                "compute": "compute", "other": "other host overhead"}
@@ -35,8 +38,8 @@ def print_diagnosis(d: Diagnosis, console: Console) -> None:
     console.print(f"  peak memory: {format_bytes(d.peak_mem_bytes)} ({d.peak_mem_kind})",
                   highlight=False, markup=False)
     if d.error:
-        console.print(f"[red]the script raised:[/red] {d.error}", highlight=False)
-    if d.steps_measured < d.steps_requested:
+        console.print(f"[red]the script raised:[/red] {escape(d.error)}", highlight=False)
+    if d.steps_requested is not None and d.steps_measured < d.steps_requested:
         console.print(f"measured {d.steps_measured} of {d.steps_requested} steps: the script "
                       f"ended first ({d.stopped})", highlight=False)
     _print_list(console, "findings", [f"[{f.severity}] {f.message}" for f in d.findings])
@@ -51,6 +54,55 @@ def print_diagnosis(d: Diagnosis, console: Console) -> None:
     if d.trace:
         _print_list(console, "trace", [f"{d.trace['chrome_trace']} (open with {d.trace['open_with']})"])
         console.print(d.trace["top_ops"], highlight=False, markup=False)
+
+
+_RANK_PHASES = {"data_wait": "data wait", "host_to_device": "h2d", "sync": "host sync",
+                "compute": "compute", "other": "other", "collectives": "collectives"}
+
+
+def rank_table(report: RankReport) -> Table:
+    """A row per rank: steps, median and own ms/step, phase shares, peak memory, bottleneck."""
+    waits = any("collectives" in r.shares for r in report.rows)
+    phases = [*PHASES, "collectives"] if waits else list(PHASES)
+    table = Table()
+    for col in ["rank", "steps", "step ms", *(["own ms"] if waits else []),
+                *(_RANK_PHASES[p] for p in phases), "peak mem", "bottleneck"]:
+        table.add_column(col, justify="left" if col == "bottleneck" else "right")
+    for r in report.rows:
+        mark = " (slowest)" if r.rank == report.slowest_rank and len(report.rows) > 1 else ""
+        own = [] if not waits else ["n/a" if r.own_ms is None else f"{r.own_ms:.3f}"]
+        shares = [f"{100 * r.shares[p]:.1f}%" if p in r.shares else "n/a" for p in phases]
+        bottleneck = r.bottleneck + (" (raised)" if r.error else "")
+        table.add_row(f"{r.rank}{mark}", str(r.steps_measured), f"{r.step_ms:.3f}", *own, *shares,
+                      format_bytes(r.peak_mem_bytes), bottleneck)
+    return table
+
+
+def print_rank_report(report: RankReport, console: Console) -> None:
+    """The per-rank table, the slowest rank and why, then the slowest rank's full diagnosis."""
+    first = report.ranks[0]
+    console.print(f"{first.script}: {len(report.rows)} of {report.world_size} rank(s) reported, "
+                  f"{first.warmup_steps} warm-up step(s) each; shares of each rank's median step",
+                  highlight=False, markup=False)
+    console.print(rank_table(report))
+    if report.missing_ranks:
+        console.print(f"[yellow]missing:[/yellow] rank(s) {report.missing_ranks} wrote no "
+                      "diagnosis (the rank failed or was stopped, or runs on another node)",
+                      highlight=False)
+    slow = report.slowest_rank
+    if len(report.rows) > 1:
+        head = "ranks balanced" if report.balanced else f"slowest rank: {slow}"
+        console.print(f"[bold]{head}[/bold] ({report.slowdown:.2f}x rank {report.fastest_rank}, "
+                      f"the fastest)", highlight=False)
+        console.print(f"  {report.reason}", highlight=False, markup=False)
+    for r in report.rows:
+        if r.error:
+            console.print(f"[red]rank {r.rank}'s script raised:[/red] {escape(r.error)}",
+                          highlight=False)
+    console.print()
+    console.print(f"[bold]full diagnosis of rank {slow}"
+                  f"{' (the slowest)' if len(report.rows) > 1 else ''}:[/bold]", highlight=False)
+    print_diagnosis(report.slowest, console)
 
 
 def _print_list(console: Console, title: str, lines: list[str]) -> None:

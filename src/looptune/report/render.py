@@ -31,13 +31,16 @@ def columns(results: BenchResults) -> list[str]:
         extra.append(f"s to {100 * target:g}%")
     if any(r.compile_s > 0 or r.compile_fallback for r in results.runs):
         extra.append("compile s")
+    if results.world_size > 1:
+        extra += ["ranks", "slowest rank", "scaling eff."]
     return COLUMNS + extra
 
 
 def bench_rows(results: BenchResults) -> list[list[str]]:
     """One row of formatted cells per run, in :func:`columns` order."""
     rows, names = [], columns(results)
-    for run, speedup in zip(results.runs, results.speedups()):
+    efficiency = results.scaling_efficiency()
+    for run, speedup, eff in zip(results.runs, results.speedups(), efficiency):
         acc = "n/a" if run.test_accuracy is None else f"{100 * run.test_accuracy:.2f}%"
         row = [run.recipe, f"{run.wall_s:.2f}", f"{run.s_per_epoch:.3f}",
                f"{run.samples_per_s:,.0f}", f"{speedup:.2f}x", f"{run.epoch_loss[-1]:.4f}",
@@ -46,8 +49,20 @@ def bench_rows(results: BenchResults) -> list[list[str]]:
             row.append("not reached" if run.time_to_target_s is None else f"{run.time_to_target_s:.2f}")
         if "compile s" in names:
             row.append("eager (failed)" if run.compile_fallback else f"{run.compile_s:.1f}")
+        if "ranks" in names:
+            row += [f"{results.world_size} ({results.backend})", _slowest(run),
+                    "n/a" if eff is None else f"{100 * eff:.0f}%"]
         rows.append(row)
     return rows
+
+
+def _slowest(run) -> str:
+    ranks = run.extra.get("per_rank") or []
+    if not ranks:
+        return "n/a"
+    slow = max(ranks, key=lambda r: r["step_ms"])
+    fast = min(ranks, key=lambda r: r["step_ms"])
+    return f"{slow['rank']} (+{100 * (slow['step_ms'] / fast['step_ms'] - 1):.0f}%)"
 
 
 def _title(results: BenchResults) -> str:
@@ -81,6 +96,13 @@ def bench_notes(results: BenchResults) -> list[str]:
     notes.append("loss: the last epoch's mean batch loss. data wait: share of training time the "
                  "loop spent blocked on the next batch. total s excludes evaluation, setup and "
                  "compilation.")
+    if results.world_size > 1:
+        notes.append(
+            f"{results.world_size} ranks ({results.backend}), each training on its share of "
+            "every global batch: loss, accuracy and samples/s are for the whole job; total s is "
+            "the slowest rank's. scaling eff. = samples/s / (ranks x one process's samples/s)"
+            + ("" if results.single_process else
+               " (n/a: no one-process run in this command; use looptune bench --nproc N)"))
     for run in results.runs:
         if run.compile_fallback:
             notes.append(f"{run.recipe}: {run.compile_fallback}")
