@@ -81,7 +81,7 @@ def train(model: torch.nn.Module, train_data: Dataset | DataLoader | ImageData, 
     dev = resolve_device(device)
     ctx = dist_context.init(dev, timeout_s=dist_timeout_s)  # no-op unless launched distributed
     dev = dist_context.rank_device(dev, ctx)
-    resolved, decisions = resolve(recipe, dev.type, ctx.world_size)
+    resolved, decisions = resolve(recipe, dev.type, ctx.world_size, ddp=ctx.enabled)
     t0 = time.perf_counter()
     source = _source(train_data, resolved, dev, seed, ctx)
     sync(dev)  # sync: the dataset copy to the device belongs to setup, not to epoch 1

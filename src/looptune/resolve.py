@@ -18,7 +18,8 @@ from looptune.recipe import Decision, Recipe
 __all__ = ["resolve"]
 
 
-def resolve(recipe: Recipe, device_type: str, world_size: int = 1) -> tuple[Recipe, list[Decision]]:
+def resolve(recipe: Recipe, device_type: str, world_size: int = 1,
+            ddp: bool | None = None) -> tuple[Recipe, list[Decision]]:
     """Return ``recipe`` adapted to ``device_type`` ("cpu" or "cuda") and the reasons; with
     ``world_size`` > 1, also to data-parallel training (DDP).
 
@@ -34,10 +35,10 @@ def resolve(recipe: Recipe, device_type: str, world_size: int = 1) -> tuple[Reci
     decisions: list[Decision] = []
     loader = _resolve_loader(recipe, device_type, decisions)
     step = _resolve_precision(recipe, device_type, decisions)
-    if world_size > 1 and step.cuda_graphs:
+    if (world_size > 1 if ddp is None else ddp) and step.cuda_graphs:
         step = dataclasses.replace(step, cuda_graphs=False)
         decisions.append(Decision("cuda_graphs", False, reason=(
-            f"{world_size} ranks: DDP's gradient all-reduce runs in autograd hooks on NCCL "
+            f"DDP ({world_size} rank(s)): the gradient all-reduce runs in autograd hooks on NCCL "
             "streams, which this engine's whole-step graph capture does not cover; eager steps "
             "(with compile, if the recipe asks) keep DDP's bucketed overlap")))
     return dataclasses.replace(recipe, loader=loader, step=step), decisions

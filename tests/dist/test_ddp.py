@@ -102,3 +102,16 @@ def test_a_dead_or_hung_rank_stops_the_job_naming_the_rank(tmp_path, mode):
     assert elapsed < 120  # bounded: the 10 s collective timeout + the agent's shutdown
     leftovers = subprocess.run(["pgrep", "-f", str(tmp_path / "x")], capture_output=True, text=True)
     assert leftovers.stdout.strip() == "", "orphan rank processes left running"
+
+
+def test_one_launched_rank_runs_ddp_and_equals_a_plain_process_bit_for_bit(tmp_path):
+    one = _torchrun(tmp_path / "ddp1", "--epochs", "1", nproc=1)
+    assert one.returncode == 0, one.stderr[-3000:]
+    plain = _single(tmp_path / "plain", "--epochs", "1")
+    assert plain.returncode == 0, plain.stderr[-3000:]
+    result = json.loads((tmp_path / "ddp1" / "result.json").read_text())
+    assert result["extra"]["world_size"] == 1 and result["extra"]["backend"] == "gloo"
+    assert "world_size" not in json.loads((tmp_path / "plain" / "result.json").read_text())["extra"]
+    a, b = _weights(tmp_path / "ddp1" / "rank-0.pt"), _weights(tmp_path / "plain" / "rank-0.pt")
+    for k in a:  # DDP with one rank: gradients x 1/1, the same arithmetic
+        assert torch.equal(a[k], b[k]), k

@@ -3,7 +3,13 @@ from rich.console import Console
 
 from looptune.bench.results import BenchResults
 from looptune.measure.results import RunResult
-from looptune.report.render import bench_markdown, bench_notes, bench_rows, bench_table, format_bytes
+from looptune.report.render import (
+    bench_markdown,
+    bench_notes,
+    bench_rows,
+    bench_table,
+    format_bytes,
+)
 
 
 def _run(name, wall, **kw):

@@ -44,7 +44,7 @@ class BenchResults:
         runs = []
         for run, speedup, eff in zip(self.runs, self.speedups(), self.scaling_efficiency()):
             runs.append({**run.to_dict(), "speedup": speedup, "scaling_efficiency": eff})
-        return {"schema_version": SCHEMA_VERSION, "workload": self.workload,
+        return {"kind": "bench", "schema_version": SCHEMA_VERSION, "workload": self.workload,
                 "epochs": self.epochs, "seed": self.seed, "world_size": self.world_size,
                 "backend": self.backend, "single_process": self.single_process,
                 "provenance": self.provenance, "runs": runs}

@@ -66,7 +66,7 @@ def run_recipe(workload: Workload, recipe: Recipe, *, train_data: ImageData,
     DDP, and the test set is scored in shards whose counts are summed over the ranks.
     """
     ctx = dist or DistContext()
-    resolved, decisions = resolve(recipe, device.type, ctx.world_size)
+    resolved, decisions = resolve(recipe, device.type, ctx.world_size, ddp=ctx.enabled)
     torch.manual_seed(options.seed)  # same seed -> same initial weights in every recipe
     model = workload.build_model().to(device)
     t0 = time.perf_counter()

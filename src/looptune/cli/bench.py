@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import os
+import subprocess
+import sys
 import tempfile
 import warnings
 from pathlib import Path
@@ -17,14 +20,16 @@ from looptune._io import writable_problem
 from looptune.bench.results import BenchResults
 from looptune.bench.runner import bench, check_bench_args
 from looptune.bench.workloads import ALIASES, WORKLOADS, get_workload
+from looptune.cli.report import add_report_option, print_written, report_problems
 from looptune.data import mnist
 from looptune.dist.context import DEFAULT_TIMEOUT_S, env_world_size
 from looptune.dist.launch import launch, nproc_problem
 from looptune.engine.device import DeviceChoice, device_type
-from looptune.errors import ConfigError, DataError
+from looptune.errors import ConfigError, DataError, MeasurementError
 from looptune.presets import DEFAULT_BENCH, RECIPES, parse_recipes
 from looptune.engine.run_state import RunOptions
 from looptune.recipe import Recipe, with_overrides
+from looptune.report.build import save_and_render
 from looptune.report.render import bench_notes, bench_table, wide_console
 
 
@@ -65,6 +70,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--dist-timeout", type=float, default=DEFAULT_TIMEOUT_S, metavar="S",
                    help="with several processes: seconds a collective waits for a slow or dead "
                         f"rank before the job fails (default {DEFAULT_TIMEOUT_S:g})")
+    add_report_option(p)
     p.add_argument("--json-only", action="store_true", help=argparse.SUPPRESS)  # --nproc's ranks
     p.set_defaults(handler=run)
 
@@ -100,6 +106,7 @@ def _preflight(args: argparse.Namespace) -> tuple[list[Recipe], RunOptions]:
         problems.append(f"--dist-timeout {args.dist_timeout} is invalid: must be > 0 seconds.")
     if args.json is not None:
         problems += [p for p in [writable_problem(args.json, "--json")] if p]
+    problems += report_problems(args.report)
     try:
         mnist.verify(args.data)
     except DataError as err:
@@ -147,11 +154,11 @@ def run(args: argparse.Namespace) -> int:
     if args.json_only and args.json is not None:  # a rank of --nproc: the launcher renders
         results.write_json(args.json)
         return 0
-    _report(results, args.json)
+    _report(results, args.json, args.report)
     return 0
 
 
-def _report(results, json_path: str | None) -> None:
+def _report(results, json_path: str | None, report_dir: str | None) -> None:
     out = wide_console()
     out.print(bench_table(results))
     for note in bench_notes(results):
@@ -159,18 +166,22 @@ def _report(results, json_path: str | None) -> None:
     if json_path is not None:
         results.write_json(json_path)
         out.print(f"results written to {json_path}")
+    if report_dir is not None:  # data first: the JSON is saved, then rendered from the file
+        text = json.dumps(results.to_dict(), indent=2) + "\n"
+        print_written(save_and_render(text, report_dir), out)
 
 
 def _launch(args: argparse.Namespace) -> int:
-    """``--nproc N``: the same bench as 1 process, then as N ranks, both through torch's launcher;
-    one table with the N-rank results and their scaling efficiency."""
+    """``--nproc N``: the same bench as one plain process (the baseline: no process group, no
+    DDP), then as N ranks through torch's launcher; one table with the N-rank results and their
+    scaling efficiency."""
     argv = _child_argv(args)
     err = Console(stderr=True)
     with tempfile.TemporaryDirectory(prefix="looptune-bench-") as tmp:
         single = None
         if args.nproc > 1:
             err.print("[bold]1 process[/bold] (the baseline for the scaling efficiency)")
-            launch([*argv, "--json", f"{tmp}/1.json"], nproc=1)
+            _run_single([*_child_argv(args, baseline=True), "--json", f"{tmp}/1.json"])
             single = BenchResults.read_json(f"{tmp}/1.json")
         err.print(f"[bold]{args.nproc} processes[/bold] (torch.distributed)")
         launch([*argv, "--json", f"{tmp}/n.json"], nproc=args.nproc)
@@ -178,21 +189,33 @@ def _launch(args: argparse.Namespace) -> int:
     if single is not None:
         results = dataclasses.replace(
             results, single_process={r.recipe: r.samples_per_s for r in single.runs})
-    _report(results, args.json)
+    _report(results, args.json, args.report)
     return 0
 
 
-def _child_argv(args: argparse.Namespace) -> list[str]:
-    """The bench arguments each launched rank gets (everything but --nproc and --json)."""
+def _run_single(argv: list[str]) -> None:
+    """The baseline in a fresh process (same start-up as the ranks), outside any launcher."""
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")}
+    proc = subprocess.run([sys.executable, "-m", "looptune", *argv], env=env)
+    if proc.returncode != 0:
+        raise MeasurementError(f"the 1-process baseline run failed (exit code {proc.returncode}; "
+                               "its error is printed above): no scaling efficiency without it.")
+
+
+def _child_argv(args: argparse.Namespace, baseline: bool = False) -> list[str]:
+    """The bench arguments each launched rank gets (everything but --nproc, --json, --report);
+    the ``baseline`` run gets no checkpoint options (its checkpoints would mix with the ranks')."""
     argv = ["bench", args.workload, "--json-only", "--recipes", args.recipes, "--seed", str(args.seed),
             "--device", args.device, "--repeats", str(args.repeats),
             "--dist-timeout", str(args.dist_timeout)]
+    checkpoints = [] if baseline else [("--checkpoint", args.checkpoint),
+                                       ("--checkpoint-every", args.checkpoint_every)]
     for flag, value in (("--epochs", args.epochs), ("--data", args.data),
                         ("--target-accuracy", args.target_accuracy),
-                        ("--eval-every", args.eval_every), ("--checkpoint", args.checkpoint),
-                        ("--checkpoint-every", args.checkpoint_every)):
+                        ("--eval-every", args.eval_every), *checkpoints):
         if value is not None:
             argv += [flag, str(value)]
     for assignment in args.overrides:
         argv += ["--set", assignment]
-    return argv + (["--resume"] if args.resume else [])
+    return argv + (["--resume"] if args.resume and not baseline else [])

@@ -10,12 +10,14 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import json
 import shutil
 import sys
 import tempfile
 from pathlib import Path
 
 from looptune._io import writable_problem
+from looptune.cli.report import add_report_option, print_written, report_problems
 from looptune.diagnose import rank_files
 from looptune.diagnose.collectives import launched_rank
 from looptune.diagnose.ranks import merge_ranks
@@ -23,6 +25,7 @@ from looptune.diagnose.result import Diagnosis
 from looptune.diagnose.runner import check_target, diagnose
 from looptune.dist.launch import LaunchFailed, launch, nproc_problem
 from looptune.errors import ConfigError
+from looptune.report.build import save_and_render
 from looptune.report.diagnose_view import print_diagnosis, print_rank_report
 from looptune.report.render import wide_console
 
@@ -44,6 +47,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--nproc", type=int, default=None, metavar="N",
                    help="run the script as N ranks of a torch.distributed job (as torchrun "
                         "--standalone --nproc_per_node N); print a row per rank and the slowest")
+    add_report_option(p)
     p.add_argument("--rank-dir", default=None, help=argparse.SUPPRESS)  # --nproc's ranks write here
     p.add_argument("target", nargs=argparse.REMAINDER, metavar="script.py [args] | -m MODULE [args]",
                    help="the training script (or -m MODULE) and its own arguments: everything "
@@ -51,7 +55,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(handler=run)
 
 
-_VALUED = {"--steps", "--warmup", "--seconds", "--json", "--trace", "--nproc", "--rank-dir"}
+_VALUED = {"--steps", "--warmup", "--seconds", "--json", "--trace", "--nproc", "--rank-dir",
+           "--report"}
 
 
 def split_argv(argv: list[str]) -> list[str]:
@@ -83,9 +88,11 @@ def run(args: argparse.Namespace) -> int:
     elif result.world_size is not None and result.world_size > 1:  # a rank under torchrun
         return _torchrun_rank(args, result)
     else:
-        print_diagnosis(result, wide_console())
+        console = wide_console()
+        print_diagnosis(result, console)
         if args.json is not None:
             result.write_json(args.json)
+        _render(result.to_dict(), args.report, console)
     return EXIT_SCRIPT_FAILED if result.error else 0
 
 
@@ -95,6 +102,8 @@ def _check(args: argparse.Namespace, target: str, module: bool, steps: int | Non
                             seconds=args.seconds, trace_dir=args.trace)
     if args.json is not None:
         problems += [p for p in [writable_problem(args.json, "--json")] if p]
+    if args.rank_dir is None:  # a rank of --nproc does not render: the launching process does
+        problems += report_problems(args.report)
     problems += _rank_problems(args, *launched_rank())
     if problems:
         raise ConfigError(problems)
@@ -166,7 +175,7 @@ def _launch_ranks(args: argparse.Namespace, target: str, script_args: list[str],
             found, _ = rank_files.read_ranks(folder, list(range(args.nproc)))
             if not found:
                 raise
-            _report(found, args.nproc, args.json)
+            _report(found, args.nproc, args.json, args.report)
             print(f"looptune diagnose: error: {err}", file=sys.stderr)
             return EXIT_SCRIPT_FAILED
         found, _ = rank_files.read_ranks(folder, list(range(args.nproc)))
@@ -174,7 +183,7 @@ def _launch_ranks(args: argparse.Namespace, target: str, script_args: list[str],
             raise LaunchFailed(f"all {args.nproc} ranks exited without writing a diagnosis "
                                f"into {folder}: nothing to report. Rerun; if it happens again, "
                                "it is a looptune bug: please report it.", {})
-        return _report(found, args.nproc, args.json)
+        return _report(found, args.nproc, args.json, args.report)
     finally:
         shutil.rmtree(folder, ignore_errors=True)  # temporary rank files: nothing to keep
 
@@ -192,7 +201,7 @@ def _torchrun_rank(args: argparse.Namespace, result: Diagnosis) -> int:
     # report at once what is there (they fail when this process exits)
     wait_s = 0.0 if result.error else rank_files.RANK_WAIT_S
     found, missing = rank_files.wait_for_ranks(folder, ranks, timeout_s=wait_s)
-    code = _report(found, result.world_size or len(ranks), args.json)
+    code = _report(found, result.world_size or len(ranks), args.json, args.report)
     for rank in ranks:
         rank_files.rank_file(folder, rank).unlink(missing_ok=True)
     if missing:
@@ -205,9 +214,19 @@ def _torchrun_rank(args: argparse.Namespace, result: Diagnosis) -> int:
     return code
 
 
-def _report(found: list[Diagnosis], world_size: int, json_path: str | None) -> int:
+def _report(found: list[Diagnosis], world_size: int, json_path: str | None,
+            report_dir: str | None) -> int:
     report = merge_ranks(found, world_size=world_size)
-    print_rank_report(report, wide_console())
+    console = wide_console()
+    print_rank_report(report, console)
     if json_path is not None:
         report.write_json(json_path)
+    _render(report.to_dict(), report_dir, console)
     return EXIT_SCRIPT_FAILED if any(d.error for d in found) else 0
+
+
+def _render(data: dict, report_dir: str | None, console) -> None:
+    """--report DIR: save the JSON there, then render that file (data first, rendering second)."""
+    if report_dir is not None:
+        text = json.dumps(data, indent=2, allow_nan=False) + "\n"
+        print_written(save_and_render(text, report_dir), console)

@@ -11,6 +11,7 @@ from looptune.cli import bench as bench_cmd
 from looptune.cli import data as data_cmd
 from looptune.cli import diagnose as diagnose_cmd
 from looptune.cli import pack as pack_cmd
+from looptune.cli import report as report_cmd
 from looptune.cli import tune as tune_cmd
 from looptune.engine.run_state import Interrupted
 from looptune.errors import LooptuneError
@@ -30,6 +31,7 @@ def build_parser() -> argparse.ArgumentParser:
     data_cmd.add_parser(sub)
     diagnose_cmd.add_parser(sub)
     pack_cmd.add_parser(sub)
+    report_cmd.add_parser(sub)
     tune_cmd.add_parser(sub)
     return parser
 

@@ -20,8 +20,10 @@ from rich.table import Table
 
 from looptune._format import format_bytes
 from looptune._io import atomic_write_text, writable_problem
+from looptune.cli.report import add_report_option, print_written, report_problems
 from looptune.data.pack.format import STORAGES
 from looptune.errors import ConfigError, DataError
+from looptune.report.build import save_and_render
 from looptune.report.render import wide_console
 from looptune.tune.factory import build_dataset, spec_problem
 
@@ -58,6 +60,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--batches", type=int, default=50, help="--bench: batches timed per pass")
     p.add_argument("--repeats", type=int, default=3, help="--bench: passes per way (median)")
     p.add_argument("--json", metavar="PATH", default=None, help="--bench: write results (atomic)")
+    add_report_option(p)
     p.set_defaults(handler=run)
 
 
@@ -98,6 +101,10 @@ def _mode(args: argparse.Namespace) -> str:
         problems.append(f"--workers {args.workers} is invalid: must be >= 0 (0: this process).")
     if args.json is not None:
         problems += [p for p in [writable_problem(args.json, "--json")] if p]
+    if args.report is not None and mode != "bench":
+        problems.append(f"--report {args.report!r} goes with --bench OUT (it renders measured "
+                        "results); drop it, or add --bench.")
+    problems += report_problems(args.report)
     if problems:
         raise ConfigError(problems)
     return mode
@@ -167,6 +174,9 @@ def _bench(args: argparse.Namespace) -> int:
         table.add_row(r.name, f"{r.samples_per_s:,.0f}", f"{r.bytes_per_s / 1e6:,.1f}",
                       "n/a" if speed is None else f"{speed:.2f}x", r.how)
     console.print(table)
+    text = json.dumps(result.to_dict(), indent=2) + "\n"
     if args.json is not None:
-        atomic_write_text(args.json, json.dumps(result.to_dict(), indent=2) + "\n")
+        atomic_write_text(args.json, text)
+    if args.report is not None:  # data first: saved, then rendered from the file
+        print_written(save_and_render(text, args.report), console)
     return 0

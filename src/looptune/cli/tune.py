@@ -9,7 +9,9 @@ import os
 from rich.table import Table
 
 from looptune._io import atomic_write_text, writable_problem
+from looptune.cli.report import add_report_option, print_written, report_problems
 from looptune.errors import ConfigError
+from looptune.report.build import save_and_render
 from looptune.report.render import wide_console
 from looptune.tune.factory import build_dataset, build_model, spec_problem
 
@@ -43,6 +45,7 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--data", metavar="DIR", default=None, help="MNIST folder for --workload")
     p.add_argument("--device", default="auto", help="auto | cpu | cuda")
     p.add_argument("--json", metavar="PATH", default=None, help="write the result here (atomic)")
+    add_report_option(p)
 
 
 def _targets(args: argparse.Namespace, need_model: bool):
@@ -59,6 +62,7 @@ def _targets(args: argparse.Namespace, need_model: bool):
         problems.append("tune batch-size needs --model MODULE:FACTORY (or --workload mnist-mlp).")
     if args.json is not None:
         problems += [p for p in [writable_problem(args.json, "--json")] if p]
+    problems += report_problems(args.report)
     if problems:
         raise ConfigError(problems)
     if args.workload is not None:
@@ -88,7 +92,7 @@ def run_loader(args: argparse.Namespace) -> int:
     console.print(f"measured {len(result.trials)} settings in {result.elapsed_s:.1f} s"
                   f" ({'with a training step' if result.end_to_end else 'loading only'})")
     console.print(result.line, highlight=False, markup=False)
-    _write(args.json, result.to_dict())
+    _write(args, result.to_dict(), console)
     return 0
 
 
@@ -102,8 +106,7 @@ def run_batch(args: argparse.Namespace) -> int:
     console = _console()
     console.print(_decisions_table(result.decisions))
     console.print(f"recommended: {result.recommended}", highlight=False, markup=False)
-    _write(args.json, {"recommended": result.recommended, "trials": result.trials,
-                       "decisions": [d.__dict__ for d in result.decisions]})
+    _write(args, result.to_dict(), console)
     return 0
 
 
@@ -124,9 +127,19 @@ def _decisions_table(decisions) -> Table:
     return table
 
 
-def _write(path: str | None, data: dict) -> None:
-    if path is not None and os.environ.get("RANK", "0") == "0":
-        atomic_write_text(path, json.dumps(data, indent=2, default=_plain) + "\n")
+def _write(args: argparse.Namespace, data: dict, console) -> None:
+    """--json PATH and --report DIR (rank 0 only): the JSON, with where it was measured."""
+    if os.environ.get("RANK", "0") != "0" or (args.json is None and args.report is None):
+        return
+    from looptune.engine.device import resolve_device
+    from looptune.measure.provenance import provenance
+
+    data = {**data, "provenance": provenance(resolve_device(args.device))}
+    text = json.dumps(data, indent=2, default=_plain) + "\n"
+    if args.json is not None:
+        atomic_write_text(args.json, text)
+    if args.report is not None:  # data first: saved, then rendered from the file
+        print_written(save_and_render(text, args.report), console)
 
 
 def _plain(value):

@@ -65,7 +65,8 @@ class RankReport:
         return self.ranks[[r.rank for r in self.rows].index(self.slowest_rank)]
 
     def to_dict(self) -> dict[str, Any]:
-        return {"world_size": self.world_size, "ranks": [d.to_dict() for d in self.ranks],
+        return {"kind": "diagnose-ranks", "world_size": self.world_size,
+                "ranks": [d.to_dict() for d in self.ranks],
                 "slowest_rank": self.slowest_rank, "fastest_rank": self.fastest_rank,
                 "compared_by": self.compared_by, "slowdown": self.slowdown,
                 "balanced": self.balanced, "reason": self.reason,

@@ -13,7 +13,10 @@ from looptune._io import atomic_write_text
 from looptune.diagnose.model import Finding, LoaderInfo, Remedy
 from looptune.errors import MeasurementError
 
-__all__ = ["Diagnosis"]
+__all__ = ["KIND", "MAX_WARMUP_STEPS", "Diagnosis"]
+
+KIND = "diagnosis"  # the "kind" key of the JSON (looptune report tells results apart by it)
+MAX_WARMUP_STEPS = 1000  # warm-up step times kept in the record (a bound on the JSON's size)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -44,9 +47,14 @@ class Diagnosis:
     # and the transfer (DDP's all-reduce after this rank's backward, blocking dist.* calls);
     # None: one process, or not measurable (CUDA/NCCL)
     wait_s: list[float] | None = None
+    # per measured step (as step_s): seconds blocked on the next batch, to tell data stalls apart
+    data_wait_step_s: list[float] | None = None
+    # the steps before the measurement (warm-up, the FLOP-counted step, a profiler window), at
+    # most the last MAX_WARMUP_STEPS of them: how long start-up took to settle
+    warmup_step_s: list[float] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        return {"kind": KIND, **dataclasses.asdict(self)}
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Diagnosis:
@@ -55,6 +63,8 @@ class Diagnosis:
         Raises:
             MeasurementError: ``data`` is not a diagnosis record (missing or unknown fields).
         """
+        if isinstance(data, dict) and data.get("kind", KIND) == KIND:
+            data = {k: v for k, v in data.items() if k != "kind"}
         fields = dataclasses.fields(cls)
         names = {f.name for f in fields}
         required = {f.name for f in fields if f.default is dataclasses.MISSING

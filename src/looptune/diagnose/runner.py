@@ -25,7 +25,7 @@ import torch
 from looptune.diagnose import env as env_probe
 from looptune.diagnose.collectives import RankWaits, launched_rank
 from looptune.diagnose.model import Measurements
-from looptune.diagnose.result import Diagnosis
+from looptune.diagnose.result import MAX_WARMUP_STEPS, Diagnosis
 from looptune.diagnose.schedule import UNBOUNDED, Schedule
 from looptune.diagnose.verdict import analyze
 from looptune.errors import ConfigError, MeasurementError
@@ -129,6 +129,8 @@ class _Run:
     trace: dict[str, Any] | None
     total_steps: int
     wait_s: list[float] | None = None  # per measured step: blocked on other ranks
+    data_wait_s: list[float] | None = None  # per measured step: blocked on the next batch
+    warmup_step_s: list[float] | None = None  # the steps before the measured ones
 
 
 def _run_once(target, args, *, module, steps, warmup, seconds, trace_dir,
@@ -184,8 +186,10 @@ def _collect(schedule: Schedule, probes: StepProbes, *, error, oom, device,
         peak_mem_bytes=mem.peak_bytes, mem_limit_bytes=env_probe.memory_limit(device),
         alloc_retries=env_probe.alloc_retries(device), oom=oom, env=env_probe.environment(device))
     wait_s = None if waits is None or len(waits) != len(samples) else waits[window]
+    before = samples[:window.start][-MAX_WARMUP_STEPS:]
     return _Run(measurements, schedule.stopped, error, [s.step_s for s in measured], mem.kind,
-                schedule.trace, len(samples), wait_s)
+                schedule.trace, len(samples), wait_s, [s.data_wait_s for s in measured],
+                [s.step_s for s in before])
 
 
 def _measured(n: int, schedule: Schedule) -> slice:
@@ -326,7 +330,7 @@ def _diagnosis(target, args, module, steps, run: _Run, verdict, checked) -> Diag
         script=" ".join([name, *args]), stopped=run.stopped, error=run.error, verify=checked,
         trace=run.trace, provenance=provenance(device), rank=rank,
         world_size=None if rank is None else world,
-        wait_s=run.wait_s)
+        wait_s=run.wait_s, data_wait_step_s=run.data_wait_s, warmup_step_s=run.warmup_step_s or [])
 
 
 class watch:

@@ -32,12 +32,14 @@ class DistContext:
     rank: int = 0
     world_size: int = 1
     local_rank: int = 0
-    backend: str | None = None  # "gloo" | "nccl"; None when not distributed
+    backend: str | None = None  # "gloo" | "nccl"; None when not launched distributed
     timeout_s: float | None = None
 
     @property
     def enabled(self) -> bool:
-        return self.world_size > 1
+        """Whether this process joined a process group (a launcher started it, any world size:
+        ``torchrun --nproc_per_node 1`` runs the DDP/NCCL path on one GPU)."""
+        return self.backend is not None
 
     @property
     def is_main(self) -> bool:
@@ -98,6 +100,9 @@ def env_world_size() -> int:
 def init(device: torch.device, *, timeout_s: float = DEFAULT_TIMEOUT_S) -> DistContext:
     """Join the process group the launcher prepared (a no-op context when not launched so).
 
+    Launched means ``RANK`` is set (torchrun, ``--nproc``), whatever ``WORLD_SIZE`` is; a plain
+    ``python ...`` is one process with no group.
+
     Args:
         device: the training device type decides the backend; for CUDA the rank's device is
             ``cuda:LOCAL_RANK`` (returned via :func:`rank_device`).
@@ -109,7 +114,7 @@ def init(device: torch.device, *, timeout_s: float = DEFAULT_TIMEOUT_S) -> DistC
     """
     global _CURRENT
     world = env_world_size()
-    if world <= 1:
+    if world <= 1 and "RANK" not in os.environ:
         _CURRENT = DistContext()
         return _CURRENT
     if not (isinstance(timeout_s, (int, float)) and timeout_s > 0):

@@ -10,7 +10,7 @@ from rich.table import Table
 from looptune._format import format_bytes
 from looptune.bench.results import BenchResults
 
-__all__ = ["wide_console", "columns", "bench_rows", "bench_table", "bench_markdown", "bench_notes", "format_bytes"]
+__all__ = ["bench_markdown", "bench_notes", "bench_rows", "bench_table", "columns", "format_bytes", "wide_console"]
 
 # "loss" is the last epoch's average batch loss, as the reference prints it per epoch
 COLUMNS = ["recipe", "total s", "s/epoch", "samples/s", "speedup", "loss", "test acc",

@@ -49,6 +49,10 @@ class BatchSizeResult:
     trials: list[dict]  # in the order tried: batch_size, samples_per_s, step_ms, peak_mem_bytes,
     #                     peak_mem_kind, status ("ok" | "oom" | "over_memory"), reason, phase
 
+    def to_dict(self) -> dict[str, Any]:  # "kind" tells looptune report what it is
+        return {"kind": "tune-batch-size", "recommended": self.recommended, "trials": self.trials,
+                "decisions": [vars(d) for d in self.decisions]}
+
 
 @dataclass(frozen=True)
 class _Run:  # everything one trial needs; built once per search

@@ -30,11 +30,13 @@ class LoaderTuneResult:
     line: str  # ready to paste: DataLoader(dataset, batch_size=..., ...)
     elapsed_s: float  # time the search took
     end_to_end: bool  # throughput measured with a training step (model given)
+    batch_size: int | None = None  # samples per batch in every trial
 
     def to_dict(self) -> dict[str, Any]:
         from dataclasses import asdict
 
-        return {"recommended": self.recommended, "line": self.line, "elapsed_s": self.elapsed_s,
+        return {"kind": "tune-loader", "batch_size": self.batch_size,
+                "recommended": self.recommended, "line": self.line, "elapsed_s": self.elapsed_s,
                 "end_to_end": self.end_to_end, "trials": self.trials,
                 "decisions": [asdict(d) for d in self.decisions]}
 
@@ -179,7 +181,8 @@ def tune_loader(dataset: Dataset, *, batch_size: int = 64, model: torch.nn.Modul
     recommended = {k: v for k, v in settings.items() if k != "batched" or v is False}
     return LoaderTuneResult(recommended=recommended, decisions=decisions, trials=search.trials,
                             line=dataloader_line(batch_size, recommended),
-                            elapsed_s=time.perf_counter() - t0, end_to_end=model is not None)
+                            elapsed_s=time.perf_counter() - t0, end_to_end=model is not None,
+                            batch_size=batch_size)
 
 
 def dataloader_line(batch_size: int, kwargs: dict[str, Any]) -> str:

@@ -1,0 +1,176 @@
+"""Reports of ``looptune tune loader``, ``tune batch-size`` and ``pack --bench`` results."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from looptune._format import format_bytes
+from looptune.report import plots
+from looptune.report._sections import decisions_table, fmt, provenance_section
+from looptune.report.document import Callout, Document, Figure, Section, Table
+
+__all__ = ["build_batch", "build_loader", "build_pack"]
+
+_RESULT_KEYS = {"samples_per_s", "status", "reason", "phase"}
+_MEM_KIND = {"cpu_tensor_estimate": "tensor bytes of one step (params, grads, batch, saved "
+                                    "activations; an estimate)",
+             "cuda_max_allocated": "peak CUDA memory allocated by tensors"}
+
+
+def _rate(value: float | None) -> str:
+    return "failed" if value is None else f"{value:,.0f}"
+
+
+def _settings(trial: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in trial.items() if k not in _RESULT_KEYS}
+
+
+def _label(settings: dict[str, Any]) -> str:
+    return ", ".join(f"{k}={v}" for k, v in settings.items())
+
+
+# --------------------------------------------------------------------------------- tune loader
+
+def build_loader(data: dict[str, Any]) -> Document:
+    trials, recommended = data["trials"], data["recommended"]
+    mode = "with a training step" if data.get("end_to_end") else "loading only"
+    blocks: list[Any] = [Callout(f"use: {data['line']}"), decisions_table(data["decisions"])]
+    blocks += _workers_figure(trials, recommended, mode)
+    blocks += _trials_figure(trials, recommended, mode)
+    rows = [[_label(_settings(t)), _rate(t["samples_per_s"]), t["status"], t.get("reason", "")]
+            for t in trials]
+    subtitle = (f"{len(trials)} settings measured in {data.get('elapsed_s', 0.0):.1f} s, {mode}"
+                + (f", batch {data['batch_size']}" if data.get("batch_size") else ""))
+    return Document("looptune tune loader", subtitle, [
+        Section("Recommendation and decisions", blocks),
+        Section("Every trial", [Table(["settings", "samples/s", "status", "reason"], rows,
+                                      right={1})]),
+        provenance_section(data.get("provenance"))])
+
+
+def _workers_figure(trials: list[dict], recommended: dict, mode: str) -> list[Any]:
+    search = [t for t in trials if set(_settings(t)) == {"num_workers"}]
+    ok = [t for t in search if t["samples_per_s"] is not None]
+    if not ok:
+        return []
+    chosen = next((t for t in ok if t["num_workers"] == recommended.get("num_workers")), None)
+    marks = [] if chosen is None else [(chosen["num_workers"], chosen["samples_per_s"],
+                                        f"chosen: {chosen['num_workers']} workers")]
+    series = plots.Series("samples/s", [t["num_workers"] for t in ok],
+                          [t["samples_per_s"] for t in ok], marks)
+    png = plots.lines([series], title=f"Throughput against num_workers ({mode})",
+                      xlabel="DataLoader num_workers", ylabel="samples/s", integer_x=True)
+    failed = [t for t in search if t["samples_per_s"] is None]
+    caption = ("Workers grow from 0 while each step up gains at least the threshold; the star is "
+               "the chosen count." + "".join(f" {t['num_workers']} workers failed: {t['reason']}."
+                                             for t in failed))
+    return [Figure("workers.png", "samples per second against num_workers", caption, png)]
+
+
+def _trials_figure(trials: list[dict], recommended: dict, mode: str) -> list[Any]:
+    if all(set(_settings(t)) == {"num_workers"} for t in trials):
+        return []  # the workers plot shows them all
+    final = dict(recommended)
+    bars = [plots.Bar(_label(_settings(t)), t["samples_per_s"] or 0.0, _rate(t["samples_per_s"]),
+                      highlight=_is_final(_settings(t), final)) for t in trials]
+    png = plots.hbars(bars, title=f"Throughput of every setting tried ({mode})",
+                      xlabel="samples/s (median of repeats)", highlight_label="recommended")
+    return [Figure("trials.png", "samples per second of every DataLoader setting tried",
+                   "Every trial in the order measured; failed ones show 0.", png)]
+
+
+def _is_final(settings: dict[str, Any], final: dict[str, Any]) -> bool:
+    defaults = {"batched": True}
+    return all(settings.get(k, defaults.get(k)) == v for k, v in final.items()) and \
+        all(final.get(k, defaults.get(k)) == v for k, v in settings.items())
+
+
+# ----------------------------------------------------------------------------- tune batch-size
+
+def build_batch(data: dict[str, Any]) -> Document:
+    trials, recommended = data["trials"], data["recommended"]
+    chosen = recommended["batch_size"]
+    ok = sorted((t for t in trials if t["status"] == "ok"), key=lambda t: t["batch_size"])
+    if not ok:
+        raise ValueError("no trial with status 'ok'")
+    evidence = next((d.get("evidence") for d in data["decisions"] if d.get("name") == "batch_size"
+                     and isinstance(d.get("evidence"), dict)), {}) or {}
+    blocks: list[Any] = [Callout("use: " + ", ".join(f"{k}={v}" for k, v in recommended.items())),
+                         decisions_table(data["decisions"]), _throughput(ok, chosen, trials)]
+    memory = _memory(ok, chosen, evidence)
+    if memory is not None:
+        blocks.append(memory)
+    rows = [[str(t["batch_size"]), _rate(t["samples_per_s"]), fmt(t.get("step_ms")),
+             format_bytes(t.get("peak_mem_bytes")), t["status"], t.get("phase", ""),
+             t.get("reason", "")] for t in trials]
+    table = Table(["batch size", "samples/s", "ms/step", "peak mem", "status", "phase", "reason"],
+                  rows, right={0, 1, 2, 3})
+    return Document("looptune tune batch-size", f"{len(trials)} batch sizes measured on "
+                    f"{evidence.get('device', 'n/a')}; recommended {chosen}",
+                    [Section("Recommendation and decisions", blocks),
+                     Section("Every trial", [table]), provenance_section(data.get("provenance"))])
+
+
+def _throughput(ok: list[dict], chosen: int, trials: list[dict]) -> Figure:
+    knee = next((t for t in ok if t["batch_size"] == chosen), None)
+    marks = [] if knee is None else [(chosen, knee["samples_per_s"], f"chosen: {chosen}")]
+    series = plots.Series("samples/s", [t["batch_size"] for t in ok],
+                          [t["samples_per_s"] for t in ok], marks)
+    png = plots.lines([series], title="Training throughput against batch size",
+                      xlabel="batch size (log scale)", ylabel="samples/s", logx=2,
+                      xticks=[t["batch_size"] for t in ok])
+    bad = [t for t in trials if t["status"] != "ok"]
+    caption = ("The star is the knee: the smallest batch within the threshold of the best. "
+               + "".join(f"{t['batch_size']}: {t['status']}. " for t in bad))
+    return Figure("batch_throughput.png", "samples per second against batch size",
+                  caption.strip(), png)
+
+
+def _memory(ok: list[dict], chosen: int, evidence: dict[str, Any]) -> Figure | None:
+    points = [t for t in ok if t.get("peak_mem_bytes")]
+    if not points:
+        return None
+    limit, fraction = evidence.get("memory_limit_bytes"), evidence.get("max_memory_fraction")
+    line = limit * fraction if limit and fraction else None  # the eligible-memory cap
+    top = max([t["peak_mem_bytes"] for t in points] + [line or 0])
+    unit, scale = ("MiB", 2.0 ** 20) if top >= 2 ** 20 else ("KiB", 2.0 ** 10)
+    knee = next((t for t in points if t["batch_size"] == chosen), None)
+    marks = [] if knee is None else [(chosen, knee["peak_mem_bytes"] / scale, f"chosen: {chosen}")]
+    series = plots.Series("peak memory", [t["batch_size"] for t in points],
+                          [t["peak_mem_bytes"] / scale for t in points], marks)
+    hlines = [(line / scale, f"{fraction:.0%} of the limit")] if line else []
+    kind = points[0].get("peak_mem_kind", "")
+    png = plots.lines([series], title="Peak memory against batch size",
+                      xlabel="batch size (log scale)", ylabel=f"peak memory, {unit}", logx=2,
+                      hlines=hlines, xticks=[t["batch_size"] for t in points])
+    return Figure("batch_memory.png", "peak memory against batch size",
+                  f"Peak memory: {_MEM_KIND.get(kind, kind)}.", png)
+
+
+# ------------------------------------------------------------------------------- pack --bench
+
+def build_pack(data: dict[str, Any]) -> Document:
+    rates = data["rates"]
+    bars = [plots.Bar(r["name"], r["samples_per_s"], f"{r['samples_per_s']:,.0f}"
+                      + ("" if r.get("speedup") is None else f"  ({r['speedup']:.2f}x)"))
+            for r in rates]
+    png = plots.hbars(bars, title="Samples per second of each way to read the data",
+                      xlabel="samples/s (median of repeats; longer is faster)")
+    rows = [[r["name"], f"{r['samples_per_s']:,.0f}", f"{r['bytes_per_s'] / 1e6:,.1f}",
+             "n/a" if r.get("speedup") is None else f"{r['speedup']:.2f}x", r["how"]]
+            for r in rates]
+    table = Table(["way", "samples/s", "MB/s", "speedup", "how"], rows, right={1, 2, 3})
+    best = max(rates, key=lambda r: r["samples_per_s"])
+    head = f"fastest: {best['name']}, {best['samples_per_s']:,.0f} samples/s" + (
+        "" if best.get("speedup") is None else f", {best['speedup']:.2f}x the original")
+    subtitle = (f"{data['packed']} ({data['storage']}): batch {data['batch_size']}, "
+                f"{data['workers']} workers, {data['batches']} batches x {data['repeats']} repeats")
+    caption = ("Speedups against the original dataset read through the same DataLoader settings."
+               if any(r.get("speedup") is not None for r in rates) else
+               "No original dataset was measured, so there are no speedups.")
+    return Document("looptune pack --bench", subtitle, [
+        Section("Read throughput",
+                [Callout(head), table, Figure("pack.png", "samples per second per way", caption,
+                                              png)]),
+        provenance_section(data.get("provenance"))])
+

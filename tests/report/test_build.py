@@ -1,0 +1,128 @@
+"""Results JSON -> report folder: every kind renders, the HTML is self-contained, bad files fail."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+
+pytest.importorskip("matplotlib", reason="reports need matplotlib: pip install 'looptune[plot]'")
+
+from looptune.errors import DataError
+from looptune.report import build
+from looptune.report.plots import DPI, LINE_HEIGHT_IN, WIDTH_PX
+
+EXPECTED_PNGS = {
+    "bench": {"s_per_epoch.png", "breakdown.png", "loss.png", "accuracy.png"},
+    "diagnosis": {"breakdown.png", "steps.png", "remedies.png", "verify.png"},
+    "diagnose-ranks": {"ranks.png", "rank1-breakdown.png", "rank1-steps.png",
+                       "rank1-remedies.png", "rank1-verify.png"},
+    "tune-loader": {"workers.png", "trials.png"},
+    "tune-batch-size": {"batch_throughput.png", "batch_memory.png"},
+    "pack-bench": {"pack.png"},
+}
+LINE_CHARTS = {"loss.png", "accuracy.png", "steps.png", "rank1-steps.png", "workers.png",
+               "batch_throughput.png", "batch_memory.png"}
+
+
+@pytest.fixture
+def render(tmp_path, write_json):
+    """``render(data, name)`` -> (report folder, files written)."""
+
+    def go(data: dict, name: str = "r"):
+        src = write_json(tmp_path / f"{name}.json", data)
+        out = tmp_path / f"{name}-report"
+        return out, build.write_report(src, out)
+
+    return go
+
+
+@pytest.mark.parametrize("kind", sorted(EXPECTED_PNGS))
+def test_every_kind_renders_pngs_markdown_and_self_contained_html(render, png_size, samples,
+                                                                  kind):
+    assert build.detect_kind(samples[kind]) == kind
+    out, written = render(samples[kind], kind)
+    pngs = {p.name for p in written if p.suffix == ".png"}
+    assert pngs == EXPECTED_PNGS[kind]
+    for name in pngs:
+        width, height = png_size((out / name).read_bytes())
+        assert width == WIDTH_PX and 150 <= height <= 1200
+        if name in LINE_CHARTS:
+            assert height == int(LINE_HEIGHT_IN * DPI)
+        assert (out / name).stat().st_size < 150_000
+    page = (out / "report.html").read_text()
+    assert page.count("data:image/png;base64,") == len(pngs)
+    assert not re.search(r"""(src|href)=["']?(https?:|//)""", page)  # nothing from the network
+    md = (out / "report.md").read_text()
+    assert all(f"]({name})" in md for name in pngs)
+
+
+def test_diagnosis_html_shows_the_verdict_remedies_and_verify(render, samples):
+    out, _ = render(samples["diagnosis"])
+    page = (out / "report.html").read_text()
+    assert "bottleneck: data_loading (the step waits for the next batch)" in page
+    assert "pre-decode the dataset into a tensor" in page and "up to 3.26x" in page
+    assert "13.32" in page and "12.73" in page  # --verify's before and after
+    assert "abc1234" in page  # provenance: the git SHA
+
+
+def test_ten_recipe_bench_renders(render, make_bench, png_size):
+    out, written = render(make_bench(10, epochs=3))
+    _, h10 = png_size((out / "s_per_epoch.png").read_bytes())
+    out2, _ = render(make_bench(2, epochs=3), "two")
+    _, h2 = png_size((out2 / "s_per_epoch.png").read_bytes())
+    assert h10 > h2 + 300  # sized by the number of bars
+    page = (out / "report.html").read_text()
+    assert page.count("data:image/png;base64,") == sum(p.suffix == ".png" for p in written)
+    assert "a-rather-long-recipe-name-for-labels" in page
+
+
+def test_multi_rank_bench_adds_the_per_rank_figure(render, make_bench):
+    out, written = render(make_bench(2, world_size=2))
+    assert "ranks.png" in {p.name for p in written}
+    md = (out / "report.md").read_text()
+    assert "## Ranks" in md and "| seed-baseline | 1 | 2.300 |" in md
+
+
+def test_one_epoch_bench_has_no_loss_curve_and_no_evals_no_accuracy_plot(render, make_bench):
+    data = make_bench(3, epochs=1, target=None)
+    for run in data["runs"]:
+        run["evals"] = []
+    _, written = render(data)
+    assert {p.name for p in written if p.suffix == ".png"} == {"s_per_epoch.png", "breakdown.png"}
+
+
+def test_files_written_before_the_kind_key_are_recognised(samples):
+    for kind in ("bench", "diagnosis", "diagnose-ranks", "tune-loader", "tune-batch-size"):
+        legacy = {k: v for k, v in samples[kind].items() if k != "kind"}
+        assert build.detect_kind(legacy) == kind
+
+
+@pytest.mark.parametrize("content, match", [
+    ("{not json", "is not valid JSON"),
+    ("[1, 2]", "holds a JSON list, not an object"),
+    ('{"hello": 1}', "not a looptune results file"),
+    ('{"kind": "nonsense"}', "kind='nonsense' is not a kind"),
+    ('{"kind": "bench", "schema_version": 1, "runs": [{"recipe": "x"}]}', "incomplete or corrupt"),
+])
+def test_bad_files_raise_a_data_error_naming_the_file(tmp_path, content, match):
+    path = tmp_path / "bad.json"
+    path.write_text(content)
+    with pytest.raises(DataError, match=match) as info:
+        build.write_report(path, tmp_path / "out")
+    assert "bad.json" in str(info.value)
+    assert not (tmp_path / "out").exists()  # nothing written
+
+
+def test_report_dir_problems(tmp_path):
+    afile = tmp_path / "f"
+    afile.write_text("")
+    assert any("is a file" in p for p in build.report_dir_problems(afile))
+    assert build.report_dir_problems(tmp_path / "new" / "deeper") == []
+
+
+def test_saved_json_is_what_is_rendered(tmp_path, samples):
+    text = json.dumps(samples["pack-bench"])
+    written = build.save_and_render(text, tmp_path / "rep")
+    assert written[0].name == "results.json" and written[0].read_text() == text
