@@ -25,7 +25,8 @@ def test_one_process_is_the_permutation_split():
 
 @pytest.mark.parametrize("n, b, world, drop_last", [(1000, 32, 2, False), (1000, 32, 2, True),
                                                    (1001, 8, 3, False), (97, 10, 4, True),
-                                                   (5, 4, 4, False)])
+                                                   (5, 4, 4, False), (1, 2, 4, False),
+                                                   (2, 1, 8, False)])
 def test_ranks_together_are_the_single_process_epoch(n, b, world, drop_last):
     ranks = [epoch_batches(n, b, seed=1, epoch=4, drop_last=drop_last, rank=r, world=world)
              for r in range(world)]

@@ -461,3 +461,12 @@ def test_header_layout_errors_are_data_errors():
         with pytest.raises(DataError, match="malformed.*Re-pack"):
             fmt.parse_header(json.dumps({**base, **bad}), "x")
     assert PackedDataset.__name__ == "PackedDataset"
+
+
+def test_a_worker_failure_stops_the_workers_and_cleans_up(tmp_path):
+    import multiprocessing
+
+    with pytest.raises(RuntimeError, match="boom at 7"):
+        pack(_Failing(), tmp_path / "p", workers=2)
+    assert multiprocessing.active_children() == []  # no reader process left behind
+    assert list(tmp_path.iterdir()) == []

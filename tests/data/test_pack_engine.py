@@ -63,7 +63,8 @@ def test_train_accepts_an_open_packed_dataset_as_is(packed):
     back.get_batch = lambda idx: (calls.append(len(idx)), real(idx))[1]
     got = _train(back, get_recipe("tensorized"), epochs=1)
     assert got.epoch_loss == expected.epoch_loss
-    assert sum(calls) == 300 and max(calls) == 64  # batches of 64, each one get_batch call
+    # one 1-sample read checks the pair up front, then one get_batch call per batch of 64
+    assert calls == [1, 64, 64, 64, 64, 44]
 
 
 @pytest.mark.integration
@@ -80,3 +81,21 @@ def test_packed_mnist_trains_exactly_like_tensorized(mnist_dir, tmp_path, monkey
     got = _train(BatchedData(looptune.open_packed(out), MNIST_MEAN, MNIST_STD), recipe, epochs=1)
     assert got.epoch_loss == expected.epoch_loss
     assert expected.epoch_loss[0] < 0.35  # it learned (the reference's first epoch: ~0.27)
+
+
+def test_per_sample_recipe_on_packed_data_is_normalized_like_the_others(packed):
+    data, ds = packed
+    expected = _train(data, get_recipe("tensorized"), epochs=1)
+    got = _train(BatchedData(ds, MNIST_MEAN, MNIST_STD), get_recipe("seed-baseline"), epochs=1)
+    # uint8 samples, normalized on the device (unnormalized pixels would give a loss far off);
+    # seed-baseline sums .item() values on the host, tensorized on the device: last-bit rounding
+    assert got.epoch_loss == pytest.approx(expected.epoch_loss, rel=1e-6)
+
+
+def test_a_packed_dataset_that_is_not_input_target_pairs_is_refused_up_front(tmp_path):
+    ds = [{"image": torch.zeros(2, 2), "label": i} for i in range(4)]
+    back = looptune.open_packed(looptune.pack(ds, tmp_path / "d"))
+    with pytest.raises(looptune.ConfigError, match=r"get_batch returned a dict.*dict samples.*two tensors"):
+        BatchedData(back)
+    with pytest.raises(looptune.ConfigError, match="two tensors"):
+        _train(back, get_recipe("device"), epochs=1)

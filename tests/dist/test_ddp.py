@@ -83,6 +83,9 @@ def test_checkpoint_by_rank_0_then_resume_on_two_ranks(tmp_path):
     c = _weights(tmp_path / "b" / "rank-1.pt")
     for k in a:  # resumed on both ranks = never interrupted, bit for bit
         assert torch.equal(a[k], b[k]) and torch.equal(b[k], c[k]), k
+    full_result = json.loads((tmp_path / "full" / "result.json").read_text())
+    # the checkpoint (mid-epoch 2) holds the job's partial losses, not rank 0's alone
+    assert result["epoch_loss"] == pytest.approx(full_result["epoch_loss"], rel=1e-6)
 
 
 @pytest.mark.parametrize("mode", ["kill", "hang"])

@@ -25,7 +25,20 @@ def test_launch_failure_names_every_rank_and_its_reason(tmp_path):
         launch(["bench", "mnist", "--epochs", "0", "--data", str(tmp_path)], nproc=2)
     text = str(err.value)
     assert "rank 0" in text and "rank 1" in text and "exit code 2" in text
+    assert "ConfigError" in text and "epochs" in text  # the rank's own error, via the error file
     assert set(err.value.failures) == {0, 1}
+
+
+def test_launch_failure_carries_the_recorded_exception(tmp_path, monkeypatch):
+    (tmp_path / "badmod.py").write_text(
+        "class Bad:\n"
+        "    def __len__(self):\n        return 10\n"
+        "    def __getitem__(self, i):\n        raise RuntimeError('decoder exploded at ' + str(i))\n"
+        "def make():\n    return Bad()\n")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    with pytest.raises(LaunchFailed, match="RuntimeError: decoder exploded at 0"):
+        launch(["pack", "--dataset", "badmod:make", str(tmp_path / "out")], nproc=1)
 
 
 def test_nproc_checked_before_launching():
@@ -69,6 +82,19 @@ def test_accumulation_micro_steps_skip_the_all_reduce(group):
         step(x, y)
     assert len(calls) == 2  # one all-reduce per optimizer step, none on the 6 other micro-steps
     assert step.stats.optimizer_steps == 2
+
+
+def test_a_callers_process_group_is_used_and_left_up(group):
+    ctx = context.init(torch.device("cpu"), timeout_s=30)
+    assert ctx.enabled and not ctx.owns_group and ctx.backend == "gloo"
+    context.shutdown()
+    assert dist.is_initialized()  # looptune did not create it, so it does not destroy it
+
+
+def test_timeouts_must_be_finite_and_bounded():
+    for bad in (0, -1, float("inf"), float("nan"), 1e13, True):
+        assert "must be a finite number of seconds" in context.timeout_problem(bad)
+    assert context.timeout_problem(300) is None
 
 
 def test_unwrap_and_single_process_wrap_is_the_model():

@@ -152,12 +152,14 @@ def bench(*, workload: str = "mnist-mlp", recipes: Sequence[str | Recipe] = DEFA
                                        device=dev, options=_for_recipe(options, recipe),
                                        progress=sink, dist=ctx))
                 _release(dev)
-        return BenchResults(workload=spec.name, epochs=options.epochs, seed=seed,
-                            provenance=provenance(dev), runs=[_median(runs) for runs in trials],
-                            world_size=ctx.world_size, backend=ctx.backend)
-    finally:
-        if ctx.enabled:
-            dist_context.shutdown()
+        results = BenchResults(workload=spec.name, epochs=options.epochs, seed=seed,
+                               provenance=provenance(dev), runs=[_median(r) for r in trials],
+                               world_size=ctx.world_size, backend=ctx.backend)
+    except BaseException:
+        dist_context.shutdown(ok=False)  # no barrier: the other ranks may be mid-collective
+        raise
+    dist_context.shutdown()  # leaves a caller's own process group up
+    return results
 
 
 def _scorer(test_data: ImageData, device: torch.device, ctx: DistContext):

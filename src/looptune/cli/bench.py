@@ -22,7 +22,7 @@ from looptune.bench.runner import bench, check_bench_args
 from looptune.bench.workloads import ALIASES, WORKLOADS, get_workload
 from looptune.cli.report import add_report_option, print_written, report_problems
 from looptune.data import mnist
-from looptune.dist.context import DEFAULT_TIMEOUT_S, env_world_size
+from looptune.dist.context import DEFAULT_TIMEOUT_S, env_world_size, timeout_problem
 from looptune.dist.launch import launch, nproc_problem
 from looptune.engine.device import DeviceChoice, device_type
 from looptune.errors import ConfigError, DataError, MeasurementError
@@ -102,8 +102,8 @@ def _preflight(args: argparse.Namespace) -> tuple[list[Recipe], RunOptions]:
     if args.nproc is not None and env_world_size() > 1:
         problems.append("--nproc launches the ranks itself: drop it under torchrun (or run "
                         "without torchrun).")
-    if not args.dist_timeout > 0:
-        problems.append(f"--dist-timeout {args.dist_timeout} is invalid: must be > 0 seconds.")
+    if problem := timeout_problem(args.dist_timeout, "--dist-timeout"):
+        problems.append(problem)
     if args.json is not None:
         problems += [p for p in [writable_problem(args.json, "--json")] if p]
     problems += report_problems(args.report)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Sequence
 
@@ -48,7 +49,21 @@ def main(argv: Sequence[str] | None = None) -> int:
         return err.exit_code
     except LooptuneError as err:
         print(f"looptune {args.command}: error: {err}", file=sys.stderr)
+        _record_for_launcher(err)
         return EXIT_USAGE
     except KeyboardInterrupt:
         print(f"looptune {args.command}: interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED
+
+
+def _record_for_launcher(err: BaseException) -> None:
+    """A rank started by torchrun / ``--nproc``: put the error where the launcher reads it, so the
+    job's failure names this rank's reason (uncaught exceptions get there through ``record``)."""
+    if not os.environ.get("TORCHELASTIC_ERROR_FILE"):
+        return
+    try:
+        from torch.distributed.elastic.multiprocessing.errors import ErrorHandler
+
+        ErrorHandler().record_exception(err)
+    except Exception:  # noqa: BLE001 - reporting the error must never hide it
+        pass

@@ -28,6 +28,7 @@ from torch.utils.data import DataLoader, Dataset, TensorDataset
 from looptune.data.order import (EpochBatchSampler, EpochSampler, batch_indices,  # noqa: F401
                                  epoch_batches, epoch_permutation, num_batches, rank_num_batches,
                                  rank_samples_per_epoch)
+from looptune.errors import ConfigError
 from looptune.recipe import LoaderConfig
 
 __all__ = ["ImageData", "BatchedData", "BatchSource", "has_get_batch", "epoch_permutation",
@@ -84,24 +85,42 @@ class BatchedData:
     mean: float | None = None
     std: float | None = None
 
+    def __post_init__(self) -> None:
+        if len(self):
+            self._read(torch.zeros(1, dtype=torch.int64))  # fail now, not in a worker or thread
+
     def __len__(self) -> int:
         return len(self.dataset)  # type: ignore[arg-type]
 
     def gather(self, index: torch.Tensor, out: Batch | None = None) -> Batch:
-        x, y = self.dataset.get_batch(index)  # type: ignore[attr-defined]
+        x, y = self._read(index)
         if out is None:
             return x, y
         rows = len(index)
         return out[0][:rows].copy_(x), out[1][:rows].copy_(y)
 
     def layout(self) -> tuple[tuple[int, ...], torch.dtype, tuple[int, ...], torch.dtype]:
-        x, y = self.dataset.get_batch([0])  # type: ignore[attr-defined]
+        x, y = self._read(torch.zeros(1, dtype=torch.int64))
         return tuple(x.shape[1:]), x.dtype, tuple(y.shape[1:]), y.dtype
 
     def materialize(self) -> ImageData:
         """Everything in memory as tensors: one ``get_batch`` over all indices."""
-        x, y = self.dataset.get_batch(torch.arange(len(self)))  # type: ignore[attr-defined]
+        x, y = self._read(torch.arange(len(self)))
         return ImageData(x, y, self.mean, self.std)
+
+    def _read(self, index: torch.Tensor) -> Batch:
+        got = self.dataset.get_batch(index)  # type: ignore[attr-defined]
+        if (isinstance(got, (tuple, list)) and len(got) == 2
+                and all(isinstance(t, torch.Tensor) for t in got)):
+            return got[0], got[1]
+        kind = getattr(getattr(self.dataset, "header", None), "kind", None)
+        what = (f"{type(got).__name__} of {len(got)}" if isinstance(got, (tuple, list, dict))
+                else type(got).__name__)
+        raise ConfigError(
+            f"{type(self.dataset).__name__}.get_batch returned a {what}"
+            + (f" (a packed dataset of {kind} samples)" if kind else "")
+            + "; training needs (inputs, targets): two tensors. Pack (input, target) tuples, "
+              "or wrap the dataset so get_batch returns that pair.")
 
 
 def has_get_batch(data: object) -> bool:
@@ -234,6 +253,9 @@ class LoaderSource:
         self.cfg, self.device, self.n, self.seed = cfg, device, len(data), seed
         self.rank, self.world = rank, world
         self.mean, self.std = getattr(data, "mean", None), getattr(data, "std", None)
+        # uint8 batches to normalize on the device: gathered whole, or a packed dataset's
+        # samples (which carry no per-sample transform)
+        self.normalize = cfg.decode == "tensorized" or isinstance(data, BatchedData)
         self.loader = _build_dataloader(cfg, data, seed, rank, world)
         self.samples_per_epoch = rank_samples_per_epoch(len(data), cfg, world)
 
@@ -253,7 +275,7 @@ class LoaderSource:
     def to_device(self, x: torch.Tensor, y: torch.Tensor) -> Batch:
         nb = self.cfg.non_blocking
         x, y = x.to(self.device, non_blocking=nb), y.to(self.device, non_blocking=nb)
-        if self.cfg.decode == "tensorized":  # uint8 crossed the bus: 4x fewer bytes than float32
+        if self.normalize:  # uint8 crossed the bus: 4x fewer bytes than float32
             x = normalize_batch(x, self.mean, self.std)
         return x, y
 

@@ -48,8 +48,9 @@ def epoch_batches(n: int, batch_size: int, *, seed: int, epoch: int, drop_last: 
     step = batch_size * world
     if drop_last:
         perm = perm[: (n // step) * step]
-    elif n % world:
-        perm = torch.cat([perm, perm[: world - n % world]])
+    elif n % world:  # pad with the first indices, cycling when the data is smaller than the pad
+        pad = world - n % world
+        perm = torch.cat([perm, perm.repeat(-(-pad // n))[:pad]])
     return [chunk.tensor_split(world)[rank] for chunk in perm.split(step)]
 
 

@@ -165,7 +165,7 @@ class PrefetchSource:
                                         world=self.world)[start:]
         stage = self._stager()
         self._active = _Producer(lambda i: stage(i, batches[i]), len(batches), self.depth,
-                                 context=stage.context, epoch=epoch)
+                                 context=stage.context, epoch=epoch, first=start)
         return self._active
 
     def _stager(self) -> _HostStager | _CudaStager:
@@ -282,10 +282,11 @@ class _Producer:
     """One epoch's daemon thread filling a bounded queue; stops promptly when asked."""
 
     def __init__(self, prepare: Callable[[int], _Staged], count: int, depth: int, *,
-                 context: Callable[[], contextlib.AbstractContextManager], epoch: int) -> None:
+                 context: Callable[[], contextlib.AbstractContextManager], epoch: int,
+                 first: int = 0) -> None:
         self.queue: queue.Queue = queue.Queue(maxsize=depth)  # bounded: at most depth batches ahead
         self.stop = threading.Event()
-        self.epoch = epoch
+        self.epoch, self.first = epoch, first  # first: the epoch's batch index of item 0
         self.thread = threading.Thread(target=self._run, args=(prepare, count, context),
                                        name=THREAD_NAME, daemon=True)  # never blocks exit
         self.thread.start()
@@ -299,7 +300,7 @@ class _Producer:
                         return
             self._put(_DONE)
         except BaseException as exc:  # noqa: BLE001 - handed to the training thread, not hidden
-            self._put(_Failure(exc, i))
+            self._put(_Failure(exc, self.first + i))  # the batch's index in the epoch
 
     def _put(self, item: object) -> bool:
         """Put, re-checking the stop flag while the queue is full; False once stopped."""

@@ -10,6 +10,7 @@ waiting forever.
 from __future__ import annotations
 
 import datetime as _dt
+import math
 import os
 from dataclasses import dataclass
 from typing import Any
@@ -20,7 +21,7 @@ import torch.distributed as dist
 from looptune.errors import ConfigError
 
 __all__ = ["DEFAULT_TIMEOUT_S", "DistContext", "current", "env_world_size", "init", "rank_device",
-           "shutdown"]
+           "shutdown", "timeout_problem"]
 
 DEFAULT_TIMEOUT_S = 300.0  # a collective waiting longer than this fails the job (a rank hung/died)
 
@@ -34,6 +35,7 @@ class DistContext:
     local_rank: int = 0
     backend: str | None = None  # "gloo" | "nccl"; None when not launched distributed
     timeout_s: float | None = None
+    owns_group: bool = False  # looptune created the process group (so it may destroy it)
 
     @property
     def enabled(self) -> bool:
@@ -117,12 +119,16 @@ def init(device: torch.device, *, timeout_s: float = DEFAULT_TIMEOUT_S) -> DistC
     if world <= 1 and "RANK" not in os.environ:
         _CURRENT = DistContext()
         return _CURRENT
-    if not (isinstance(timeout_s, (int, float)) and timeout_s > 0):
-        raise ConfigError(f"timeout_s={timeout_s!r} is invalid: must be > 0 seconds, e.g. 300.")
-    missing = [k for k in ("RANK", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT") if k not in os.environ]
+    problem = timeout_problem(timeout_s)
+    if problem:
+        raise ConfigError(problem)
+    missing = [k for k in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+               if k not in os.environ]
     if missing:
-        raise ConfigError(f"WORLD_SIZE={world} but {', '.join(missing)} is not set: start the job "
-                          "with torchrun (or looptune ... --nproc N), which sets them all.")
+        given = ", ".join(f"{k}={os.environ[k]}" for k in ("RANK", "WORLD_SIZE") if k in os.environ)
+        raise ConfigError(f"a distributed launch was detected ({given}) but {', '.join(missing)} "
+                          "is not set: start the job with torchrun (or looptune ... --nproc N), "
+                          "which sets them all, or unset RANK/WORLD_SIZE for one process.")
     rank, local = int(os.environ["RANK"]), int(os.environ["LOCAL_RANK"])
     backend = "nccl" if device.type == "cuda" else "gloo"
     kwargs: dict[str, Any] = {}
@@ -133,12 +139,29 @@ def init(device: torch.device, *, timeout_s: float = DEFAULT_TIMEOUT_S) -> DistC
                               f"launch at most {count} processes per node (--nproc_per_node).")
         torch.cuda.set_device(local)
         kwargs["device_id"] = torch.device("cuda", local)
-    if not dist.is_initialized():
+    owns = not dist.is_initialized()
+    if owns:
         dist.init_process_group(backend=backend, timeout=_dt.timedelta(seconds=timeout_s),
                                 **kwargs)
+    else:  # the caller's group (its backend and timeout) is used as it is, and left up
+        backend, timeout_s = dist.get_backend(), None
     _CURRENT = DistContext(rank=rank, world_size=world, local_rank=local, backend=backend,
-                           timeout_s=float(timeout_s))
+                           timeout_s=None if timeout_s is None else float(timeout_s),
+                           owns_group=owns)
     return _CURRENT
+
+
+MAX_TIMEOUT_S = 7 * 24 * 3600.0  # gloo/NCCL take a millisecond count: bound it to something sane
+
+
+def timeout_problem(timeout_s: object, flag: str = "timeout_s") -> str | None:
+    """Why ``timeout_s`` is not a usable process-group timeout, or None."""
+    ok = (isinstance(timeout_s, (int, float)) and not isinstance(timeout_s, bool)
+          and math.isfinite(timeout_s) and 0 < timeout_s <= MAX_TIMEOUT_S)
+    if ok:
+        return None
+    return (f"{flag}={timeout_s!r} is invalid: must be a finite number of seconds in "
+            f"(0, {MAX_TIMEOUT_S:g}], e.g. 300.")
 
 
 def rank_device(device: torch.device, ctx: DistContext) -> torch.device:
@@ -148,13 +171,17 @@ def rank_device(device: torch.device, ctx: DistContext) -> torch.device:
     return device
 
 
-def shutdown() -> None:
-    """Leave the process group (idempotent)."""
+def shutdown(*, ok: bool = True) -> None:
+    """Leave the process group looptune created (idempotent; a caller's group stays up).
+
+    ``ok``: the run finished normally on this rank, so every rank reaches this point: a barrier
+    first, so no rank closes its connections while another still completes its last collective.
+    After an error (``ok=False``) the other ranks may be inside a collective: no barrier (it would
+    wait the whole timeout and replace the real error with a timeout).
+    """
     global _CURRENT
-    if dist.is_available() and dist.is_initialized():
-        if _CURRENT.enabled:
-            # every rank reaches teardown before any closes its connections: a peer tearing
-            # down while another still completes its last collective can abort that one
+    if dist.is_available() and dist.is_initialized() and _CURRENT.owns_group:
+        if ok:
             dist.barrier()
         dist.destroy_process_group()
     _CURRENT = DistContext()

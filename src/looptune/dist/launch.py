@@ -82,8 +82,11 @@ def _reason(failure) -> str:
     code = failure.exitcode
     how = (f"killed by signal {failure.signal_name()}" if code is not None and code < 0
            else f"exit code {code}")
-    message = failure.message if isinstance(failure.message, str) else ""
+    message = failure.message
+    if isinstance(message, dict):  # torch's record() writes {"message": "...", "extraInfo": ...}
+        message = message.get("message", "")
+    message = message if isinstance(message, str) else ""
     if message and not message.startswith("To enable traceback") and "Signal" not in message:
-        first = message.strip().splitlines()[0][:300]
-        return f"{how}: {first}"
+        text = " ".join(message.split())  # a multi-line error on one line
+        return f"{how}: {text[:400]}{'...' if len(text) > 400 else ''}"
     return f"{how} (pid {failure.pid})"

@@ -167,7 +167,7 @@ class _Run:
         if eval_due:
             self._evaluate()
         if ckpt_due or stop:
-            self._save_checkpoint()
+            self._save_checkpoint(agreed=ckpt_due)
         if stop:
             self._interrupt()
         self.clock.start()
@@ -226,15 +226,30 @@ class _Run:
                             f"samples {shown}. Lower the learning rate, use precision='fp32', or "
                             "check those samples for NaN/inf values.")
 
-    def _save_checkpoint(self) -> None:
+    def _save_checkpoint(self, agreed: bool = True) -> None:
         folder = self.options.checkpoint_dir
-        if folder is None or not self.ctx.is_main:  # every rank holds the same state: one writes
+        if folder is None:
+            return
+        if agreed and self.ctx.world_size > 1:  # every rank is here (same step): share the losses
+            self._average_partial_losses()
+        if not self.ctx.is_main:  # weights and optimizer state are identical on every rank
             return
         saved = self.state.to_checkpoint(model=self.module, optimizer=self.optimizer,
                                          scheduler=self.scheduler, scaler=self.stepper.scaler,
                                          recipe=self.recipe.to_dict())
         saved["train_s"] -= self.stepper.stats.compile_s  # a resumed run recompiles anyway
         ckpt.save_checkpoint(folder, saved, step=self.stepper.stats.optimizer_steps)
+
+    def _average_partial_losses(self) -> None:
+        """Replace this epoch's losses so far by their mean over the ranks, on every rank, so the
+        checkpoint rank 0 writes holds the job's losses, not rank 0's (the epoch's final
+        all-mean is linear, so averaging part of it early changes nothing else)."""
+        state, done = self.state, self.state.position
+        values = self.ctx.all_mean([state.loss_host, *state.losses[:done].tolist()])  # sync
+        state.loss_host = values[0]
+        if done:
+            state.losses[:done] = torch.tensor(values[1:], dtype=state.losses.dtype,
+                                               device=state.losses.device)
 
     def _resume(self) -> None:
         folder = self.options.checkpoint_dir

@@ -115,8 +115,14 @@ def iter_samples(dataset: Any, n: int, workers: int) -> Iterator[tuple[int, Any]
     chunk = 64  # samples per worker task: amortizes the inter-process hand-over
     loader = DataLoader(_Indexed(dataset), batch_size=chunk, num_workers=workers,
                         collate_fn=_as_list, prefetch_factor=4)
-    for items in loader:
-        yield from items
+    it = iter(loader)
+    try:
+        for items in it:
+            yield from items
+    finally:  # a failure (here or in a worker) must not leave the workers running until gc
+        shutdown = getattr(it, "_shutdown_workers", None)  # torch's own clean stop
+        if shutdown is not None:
+            shutdown()
 
 
 class _Indexed:
