@@ -52,17 +52,16 @@ class DistContext:
         return [v / self.world_size for v in self.all_sum(values)]
 
     def all_sum(self, values: list[float]) -> list[float]:
-        if not self.enabled:
-            return list(values)
-        t = torch.tensor(values, dtype=torch.float64, device=_collective_device(self))
-        dist.all_reduce(t, op=dist.ReduceOp.SUM)  # sync: a collective waits for every rank
-        return t.tolist()
+        return self._all_reduce(values, "SUM")
 
     def all_max(self, values: list[float]) -> list[float]:
+        return self._all_reduce(values, "MAX")
+
+    def _all_reduce(self, values: list[float], op: str) -> list[float]:
         if not self.enabled:
             return list(values)
         t = torch.tensor(values, dtype=torch.float64, device=_collective_device(self))
-        dist.all_reduce(t, op=dist.ReduceOp.MAX)  # sync: a collective waits for every rank
+        dist.all_reduce(t, op=getattr(dist.ReduceOp, op))  # sync: a collective waits for all ranks
         return t.tolist()
 
     def gather(self, obj: Any) -> list[Any]:

@@ -1,14 +1,12 @@
 """Throughput-optimal batch size: time the training step at growing batch sizes, pick the knee.
 
-Trials run on a deep copy of the model with a private ``SGD(lr=0)`` and every global RNG is
-restored afterwards: the caller's model, optimizer and random streams are untouched. A trial builds
-one batch (the first B samples, cycled), moves it to the device once, runs ``warmup`` untimed steps
-and times ``repeats`` x ``steps`` steps; samples/s is the median over the repeats.
-Peak memory: on CUDA the allocator's peak against the GPU's memory. On CPU the process RSS cannot
-be attributed to one batch size, so it is one step's tensor bytes (params, grads, batch, saved
-activations), and ``memory_limit_bytes`` plays the allocator's capacity (a step over it is an OOM).
+Trials run on a deep copy of the model with a private ``SGD(lr=0)`` and every global RNG restored
+afterwards: the caller's model, optimizer and random streams are untouched. A trial builds one batch
+(the first B samples, cycled), moves it to the device once, runs ``warmup`` untimed steps and times
+``repeats`` x ``steps`` steps; samples/s is the median over the repeats. Peak memory: on CUDA the
+allocator's peak against the GPU's memory; on CPU (whose RSS cannot be attributed to one batch size)
+one step's tensor bytes, with ``memory_limit_bytes`` as the capacity (a step over it is an OOM).
 """
-
 from __future__ import annotations
 
 import copy
@@ -43,7 +41,6 @@ _MEM_KIND = {"cuda": "cuda_max_allocated", "cpu": "cpu_tensor_estimate"}  # what
 @dataclass(frozen=True)
 class BatchSizeResult:
     """What the batch-size search decided and what it measured."""
-
     decisions: list[Decision]  # "batch_size", plus "accumulate" when keep_effective was given
     recommended: dict  # {"batch_size": 256} (+ {"accumulate": 4}), ready for a recipe override
     trials: list[dict]  # in the order tried: batch_size, samples_per_s, step_ms, peak_mem_bytes,

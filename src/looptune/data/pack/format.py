@@ -47,6 +47,7 @@ Example:
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import re
@@ -72,6 +73,7 @@ __all__ = [
     "build_header",
     "decode_record",
     "encode_record",
+    "file_sha256",
     "header_to_text",
     "le_dtype_str",
     "parse_header",
@@ -146,6 +148,15 @@ def shard_file_name(index: int, name: str, shard: int) -> str:
     ``~`` is not allowed in safe names)."""
     stem = name if _SAFE_NAME.match(name) else f"field~{index}"
     return f"{stem}-{shard:05d}.bin"
+
+
+def file_sha256(path: Path) -> str:
+    """The hex SHA-256 of a shard file, as the header records it (read in 4 MiB chunks)."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 22):
+            h.update(chunk)
+    return h.hexdigest()
 
 
 def record_key(index: int) -> bytes:

@@ -8,7 +8,6 @@ written once by one process and only read afterwards). Records are encoded by
 
 from __future__ import annotations
 
-import hashlib
 import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -22,6 +21,7 @@ from looptune.data.pack.format import (
     ShardSpec,
     decode_record,
     encode_record,
+    file_sha256,
     record_key,
 )
 from looptune.data.pack.samples import Fields, merge_shapes
@@ -98,15 +98,9 @@ def _write_shard(tmp: Path, k: int, first: int, records: list[bytes]) -> ShardSp
         env.close()
     os.chmod(path, 0o644)
     return ShardSpec(ALL_FIELDS, path.name, first, len(records), path.stat().st_size,
-                     _sha256(path))
+                     file_sha256(path))
 
 
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(1 << 22):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 class LmdbStore:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
 import os
 from collections.abc import Sequence
 from pathlib import Path
@@ -12,7 +11,7 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
-from looptune.data.pack.format import Header, ShardSpec, read_header
+from looptune.data.pack.format import Header, ShardSpec, file_sha256, read_header
 from looptune.errors import DataError
 
 __all__ = ["PackedDataset", "open_packed", "verify_packed"]
@@ -179,7 +178,7 @@ def verify_packed(path: str | os.PathLike) -> list[str]:
     for s in header.shards:
         problem = _size_problem(folder, s)
         if problem is None:
-            actual = _sha256(folder / s.file)
+            actual = file_sha256(folder / s.file)
             if actual != s.sha256:
                 problem = (f"shard {s.file!r} is corrupt: sha256 {actual}, expected {s.sha256}. "
                            "Re-pack the dataset.")
@@ -198,12 +197,6 @@ def _size_problem(folder: Path, s: ShardSpec) -> str | None:
     return None
 
 
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(1 << 22):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def _native(dtype: str) -> np.dtype:
