@@ -9,6 +9,14 @@ import pytest
 BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
 
 
+def _smoke(script: str, *args: str, timeout: float = 600) -> subprocess.CompletedProcess:
+    """Run ``benchmarks/SCRIPT --smoke ARGS``; fail with its stderr unless it exits 0."""
+    proc = subprocess.run([sys.executable, str(BENCHMARKS / script), "--smoke", *args],
+                          capture_output=True, text=True, timeout=timeout)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return proc
+
+
 @pytest.mark.integration
 def test_seed_ladder_smoke(mnist_dir, tmp_path):
     out = tmp_path / "ladder.json"
@@ -36,32 +44,23 @@ def test_engine_benchmarks_smoke(mnist_dir, script, needles):
 
 @pytest.mark.integration
 def test_diagnose_overhead_smoke(mnist_dir):
-    proc = subprocess.run([sys.executable, str(BENCHMARKS / "diagnose_overhead.py"), "--smoke",
-                           "--data", str(mnist_dir)], capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stderr
+    proc = _smoke("diagnose_overhead.py", "--data", str(mnist_dir))
     assert "accounting:" in proc.stdout and "A/B probe overhead" in proc.stdout
     assert "verdict on the reference: data_loading" in proc.stdout
 
 
 def test_tune_quality_smoke():
-    proc = subprocess.run([sys.executable, str(BENCHMARKS / "tune_quality.py"), "--smoke"],
-                          capture_output=True, text=True, timeout=900)
-    assert proc.returncode == 0, proc.stderr
+    proc = _smoke("tune_quality.py", timeout=900)
     assert proc.stdout.count("quality") == 2 and "grid best" in proc.stdout
 
 
 def test_pack_gain_smoke(tmp_path):
-    proc = subprocess.run([sys.executable, str(BENCHMARKS / "pack_gain.py"), "--smoke",
-                           "--dir", str(tmp_path)], capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stderr
+    proc = _smoke("pack_gain.py", "--dir", str(tmp_path))
     assert "packed, whole batches" in proc.stdout and "GB/s" in proc.stdout
     assert "each at its best worker setting" in proc.stdout
 
 
 @pytest.mark.integration
 def test_scaling_smoke(mnist_dir):
-    proc = subprocess.run([sys.executable, str(BENCHMARKS / "scaling.py"), "--smoke", "--data",
-                           str(mnist_dir), "--device", "cpu"], capture_output=True, text=True,
-                          timeout=900)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    proc = _smoke("scaling.py", "--data", str(mnist_dir), "--device", "cpu", timeout=900)
     assert "scaling efficiency" in proc.stdout and "2 ranks (gloo)" in proc.stdout
