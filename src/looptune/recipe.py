@@ -100,6 +100,7 @@ class StepConfig:
     accumulate: int = 1  # micro-batches per optimizer step: effective batch = accumulate x batch
     compile: CompileMode = "off"  # torch.compile mode; compile time is reported apart
     cuda_graphs: bool = False  # capture the whole step once, replay it: no per-kernel launches
+    channels_last: bool = False  # conv nets: NHWC weights and 4-D inputs (oneDNN's and cuDNN's fast layout)
     max_consecutive_skips: int = 20  # fp16: stop after this many overflow-skipped steps in a row
     stop_on_nonfinite: bool = True  # stop at a NaN/inf loss, naming epoch, step and batch
 

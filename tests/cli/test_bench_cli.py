@@ -162,7 +162,7 @@ def test_bad_set_and_run_options_are_reported_together(capsys, tmp_path):
                      "--target-accuracy", "97.5", "--resume", "--repeats", "0", "--data", str(tmp_path))
     assert code == 2
     for needle in ("--set 'step.precison=bf16' is invalid", "step.precision",
-                   "'fast' is not a valid float", "target_accuracy=97.5 is invalid",
+                   "'fast' is not a valid float", "target=97.5 for accuracy is invalid",
                    "--checkpoint DIR", "--repeats 0 is invalid"):
         assert needle in err
 

@@ -28,6 +28,7 @@ class BenchResults:
     # samples/s of each recipe in one process, measured in the same command (bench --nproc N):
     # scaling efficiency = samples/s on N ranks / (N x this)
     single_process: dict[str, float] | None = None
+    unit: str = "samples"  # what samples_per_s counts ("windows": token windows of an LM)
 
     def speedups(self) -> list[float]:
         """Each run's speedup in training time against the first run (1.0 for the first)."""
@@ -46,7 +47,7 @@ class BenchResults:
             runs.append({**run.to_dict(), "speedup": speedup, "scaling_efficiency": eff})
         return {"kind": "bench", "schema_version": SCHEMA_VERSION, "workload": self.workload,
                 "epochs": self.epochs, "seed": self.seed, "world_size": self.world_size,
-                "backend": self.backend, "single_process": self.single_process,
+                "backend": self.backend, "single_process": self.single_process, "unit": self.unit,
                 "provenance": self.provenance, "runs": runs}
 
     @classmethod
@@ -62,7 +63,7 @@ class BenchResults:
         return cls(workload=data["workload"], epochs=data["epochs"], seed=data["seed"],
                    provenance=data["provenance"], runs=runs,
                    world_size=data.get("world_size", 1), backend=data.get("backend"),
-                   single_process=data.get("single_process"))
+                   single_process=data.get("single_process"), unit=data.get("unit", "samples"))
 
     @classmethod
     def read_json(cls, path: str | os.PathLike) -> BenchResults:

@@ -12,19 +12,19 @@ from pathlib import Path
 import torch
 
 from looptune.bench.results import BenchResults
-from looptune.bench.workloads import Workload, evaluate, get_workload
+from looptune.bench.workloads import Workload, get_workload
 from looptune.data import loaders
 from looptune.data.loaders import ImageData
 from looptune.dist import context as dist_context
 from looptune.dist.context import DEFAULT_TIMEOUT_S, DistContext
-from looptune.dist.ddp import sharded_accuracy
+from looptune.dist.ddp import sharded_mean
 from looptune.engine.device import device_problem, device_type, resolve_device
 from looptune.engine.loop import Progress, RunOptions, train
 from looptune.errors import ConfigError
 from looptune.measure.provenance import provenance
 from looptune.measure.results import RunResult
 from looptune.measure.timing import sync
-from looptune.presets import DEFAULT_BENCH, RECIPES, get_recipe
+from looptune.presets import default_recipes, get_recipe, recipe_names
 from looptune.recipe import Recipe
 from looptune.resolve import resolve
 
@@ -34,7 +34,7 @@ ProgressFactory = Callable[[Recipe, int], Progress]  # (recipe, total steps) -> 
 
 
 def check_bench_args(*, recipes: Sequence[str | Recipe], options: RunOptions,
-                     device: str) -> list[str]:
+                     device: str, workload: str = "mnist-mlp") -> list[str]:
     """Every problem with these bench arguments (empty when all are fine); nothing runs."""
     problems, dev_type = [], device_type(device)
     for r in recipes:
@@ -43,13 +43,14 @@ def check_bench_args(*, recipes: Sequence[str | Recipe], options: RunOptions,
                 resolve(r, dev_type)  # validates, and refuses what this device cannot run
             except ConfigError as err:
                 problems += err.problems
-        elif r not in RECIPES:
+        elif r not in recipe_names(workload):
             try:
-                get_recipe(r)
+                get_recipe(r, workload=workload)
             except ConfigError as err:
                 problems += err.problems
     if not recipes:
-        problems.append(f"no recipe given: name at least one of {', '.join(RECIPES)}.")
+        problems.append(f"no recipe given: name at least one of "
+                        f"{', '.join(recipe_names(workload))}.")
     problems += options.problems()
     device_issue = device_problem(device)
     if device_issue:
@@ -59,7 +60,8 @@ def check_bench_args(*, recipes: Sequence[str | Recipe], options: RunOptions,
 
 def run_recipe(workload: Workload, recipe: Recipe, *, train_data: ImageData,
                test_data: ImageData | None, device: torch.device, options: RunOptions,
-               progress: Progress | None = None, dist: DistContext | None = None) -> RunResult:
+               progress: Progress | None = None, dist: DistContext | None = None,
+               model_options: dict | None = None) -> RunResult:
     """Train a freshly seeded model under ``recipe`` and measure it; evaluate on ``test_data``.
 
     With ``dist`` (several ranks): each rank trains on its share of every global batch under
@@ -68,42 +70,48 @@ def run_recipe(workload: Workload, recipe: Recipe, *, train_data: ImageData,
     ctx = dist or DistContext()
     resolved, decisions = resolve(recipe, device.type, ctx.world_size, ddp=ctx.enabled)
     torch.manual_seed(options.seed)  # same seed -> same initial weights in every recipe
-    model = workload.build_model().to(device)
+    model = workload.build_model(**(model_options or {})).to(device)
     t0 = time.perf_counter()
     source = loaders.make(resolved.loader, train_data, device=device, seed=options.seed,
                           rank=ctx.rank, world=ctx.world_size)
     sync(device)  # sync: the dataset copy to the device belongs to setup, not to epoch 1
     setup_s = time.perf_counter() - t0
-    score = None if test_data is None else _scorer(test_data, device, ctx)
+    score = None if test_data is None else _scorer(workload, test_data, device, ctx)
     result = train(model=model, source=source, recipe=resolved, loss_fn=workload.loss_fn,
                    device=device, options=options, evaluate=score, setup_s=setup_s,
                    decisions=decisions, progress=progress, dist=ctx)
-    if score is None or result.test_accuracy is not None:
+    if score is None or result.metric is not None:
         return result
     t0 = time.perf_counter()
-    accuracy = score(model)
-    return result.with_eval(test_accuracy=accuracy, eval_s=time.perf_counter() - t0)
+    value = score(model)
+    return result.with_eval(value=value, eval_s=time.perf_counter() - t0)
 
 
-def bench(*, workload: str = "mnist-mlp", recipes: Sequence[str | Recipe] = DEFAULT_BENCH,
+def bench(*, workload: str = "mnist-mlp", recipes: Sequence[str | Recipe] | None = None,
           epochs: int | None = None, seed: int = 0, device: str = "auto",
-          data_dir: str | None = None, target_accuracy: float | None = None,
-          eval_every: int | None = None, checkpoint_dir: str | os.PathLike | None = None,
+          data_dir: str | None = None, target: float | None = None,
+          target_accuracy: float | None = None, eval_every: int | None = None,
+          checkpoint_dir: str | os.PathLike | None = None,
           checkpoint_every: int | None = None, resume: bool = False, repeats: int = 1,
-          progress: ProgressFactory | None = None,
-          dist_timeout_s: float = DEFAULT_TIMEOUT_S) -> BenchResults:
+          progress: ProgressFactory | None = None, dist_timeout_s: float = DEFAULT_TIMEOUT_S,
+          **workload_options) -> BenchResults:
     """Run ``workload`` under each recipe, side by side in one process, and measure each.
 
     Args:
-        workload: a name from ``looptune.bench.workloads.WORKLOADS`` (alias ``mnist``).
-        recipes: recipe names (see ``looptune.presets.RECIPES``) or Recipe values, in table order;
-            speedups are against the first.
+        workload: a name from ``looptune.bench.workloads.WORKLOADS`` (``mnist-mlp``,
+            ``mnist-cnn``, ``char-gpt``; aliases ``mnist``, ``cnn``, ``gpt``).
+        recipes: recipe names of that workload (``looptune.presets.recipe_names(workload)``) or
+            Recipe values, in table order; speedups are against the first. Default: the
+            workload's default comparison.
         epochs: passes over the training data (default: the workload's, 5 for mnist-mlp).
         seed: seeds the initial weights and every epoch's shuffle order, identically per recipe.
         device: ``auto``, ``cpu`` or ``cuda``.
         data_dir: where the dataset files are (else ``$LOOPTUNE_DATA``, then the user cache).
-        target_accuracy: evaluate at every epoch's end (and every ``eval_every`` batches) and
-            record the training time at which test accuracy first reached it.
+        target: evaluate at every epoch's end (and every ``eval_every`` batches) and record the
+            training time at which the workload's metric first reached it (accuracy: at or
+            above; validation loss: at or below). ``target_accuracy`` is the same for accuracy.
+        workload_options: the workload's own options (char-gpt: ``corpus``, ``context``,
+            ``max_bytes``).
         checkpoint_dir: checkpoints go to ``checkpoint_dir/RECIPE`` every ``checkpoint_every``
             optimizer steps; ``resume`` continues each recipe from its newest valid one.
         repeats: run every recipe this many times (interleaved) and keep the median run.
@@ -122,25 +130,33 @@ def bench(*, workload: str = "mnist-mlp", recipes: Sequence[str | Recipe] = DEFA
     Example:
         >>> res = looptune.bench(recipes=["seed-baseline", "device"], epochs=1)  # doctest: +SKIP
     """
+    spec = get_workload(workload)
+    if recipes is None:
+        recipes = default_recipes(spec.recipe_set)
     if isinstance(recipes, str):  # "a,b" or "a": a name, not a sequence of one-letter names
         recipes = [name.strip() for name in recipes.split(",") if name.strip()]
-    spec = get_workload(workload)
+    wl_options = spec.check_options(workload_options)
     options = RunOptions(epochs=spec.default_epochs if epochs is None else epochs, seed=seed,
-                         target_accuracy=target_accuracy, eval_every=eval_every,
+                         target=target if target is not None else target_accuracy,
+                         metric=spec.metric, eval_every=eval_every,
                          checkpoint_dir=None if checkpoint_dir is None else Path(checkpoint_dir),
                          checkpoint_every=checkpoint_every, resume=resume)
-    problems = check_bench_args(recipes=recipes, options=options, device=device)
+    problems = check_bench_args(recipes=recipes, options=options, device=device,
+                                workload=spec.recipe_set)
+    if target_accuracy is not None and spec.metric.name != "accuracy":
+        problems.append(f"target_accuracy={target_accuracy!r}: workload {spec.name} is scored "
+                        f"by {spec.metric.name}; give target= (--target) in its units.")
     if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
         problems.append(f"repeats={repeats!r} is invalid: must be an integer >= 1 (median of N runs).")
     if problems:
         raise ConfigError(problems)
     dev = resolve_device(device)
-    chosen = [r if isinstance(r, Recipe) else get_recipe(r, dev.type) for r in recipes]
+    chosen = [r if isinstance(r, Recipe) else get_recipe(r, dev.type, spec.recipe_set) for r in recipes]
     ctx = dist_context.init(dev, timeout_s=dist_timeout_s)  # no-op unless launched distributed
     try:
         dev = dist_context.rank_device(dev, ctx)
-        train_data, test_data = spec.load(data_dir=data_dir)
-        _warm_up(spec, train_data, dev)
+        train_data, test_data = spec.load(data_dir=data_dir, **wl_options)
+        _warm_up(spec, train_data, dev, wl_options)
         trials: list[list[RunResult]] = [[] for _ in chosen]
         for _ in range(repeats):  # interleaved: drifts in machine speed hit every recipe alike
             for recipe, runs in zip(chosen, trials):
@@ -150,10 +166,11 @@ def bench(*, workload: str = "mnist-mlp", recipes: Sequence[str | Recipe] = DEFA
                 sink = progress(recipe, steps) if progress else None
                 runs.append(run_recipe(spec, recipe, train_data=train_data, test_data=test_data,
                                        device=dev, options=_for_recipe(options, recipe),
-                                       progress=sink, dist=ctx))
+                                       progress=sink, dist=ctx, model_options=wl_options))
                 _release(dev)
         results = BenchResults(workload=spec.name, epochs=options.epochs, seed=seed,
-                               provenance=provenance(dev), runs=[_median(r) for r in trials],
+                               provenance=_provenance(spec, dev, data_dir, wl_options),
+                               runs=[_median(r) for r in trials], unit=spec.unit,
                                world_size=ctx.world_size, backend=ctx.backend)
     except BaseException:
         dist_context.shutdown(ok=False)  # no barrier: the other ranks may be mid-collective
@@ -162,16 +179,21 @@ def bench(*, workload: str = "mnist-mlp", recipes: Sequence[str | Recipe] = DEFA
     return results
 
 
-def _scorer(test_data: ImageData, device: torch.device, ctx: DistContext):
-    if not ctx.enabled:
-        return lambda m: evaluate(m, test_data, device)
-
+def _scorer(workload: Workload, test_data: ImageData, device: torch.device, ctx: DistContext):
     def shard(model: torch.nn.Module, rank: int, world: int) -> tuple[float, int]:
         part = dataclasses.replace(test_data, images=test_data.images[rank::world],
                                    labels=test_data.labels[rank::world])
-        return round(evaluate(model, part, device) * len(part)), len(part)
+        return workload.score(model, part, device)
 
-    return lambda m: sharded_accuracy(shard, m, ctx)
+    return lambda m: sharded_mean(shard, m, ctx)  # one process: rank 0 of 1, the whole set
+
+
+def _provenance(spec: Workload, device: torch.device, data_dir: str | None,
+                wl_options: dict) -> dict:
+    found = provenance(device)
+    if spec.data_info is not None:
+        found["data"] = spec.data_info(data_dir=data_dir, **wl_options)
+    return found
 
 
 def _median(runs: list[RunResult]) -> RunResult:
@@ -183,14 +205,19 @@ def _median(runs: list[RunResult]) -> RunResult:
     return dataclasses.replace(chosen, extra={**chosen.extra, "repeat_wall_s": [r.wall_s for r in runs]})
 
 
-def _warm_up(workload: Workload, data: ImageData, device: torch.device, steps: int = 30) -> None:
+def _warm_up(workload: Workload, data: ImageData, device: torch.device, wl_options: dict,
+             steps: int = 30, budget_s: float = 2.0) -> None:
     """Untimed steps before the first measured run, so it does not pay one-time start-up costs
-    (kernel libraries' first-call setup, allocator growth, lazy CUDA module loading)."""
-    model = workload.build_model().to(device)
+    (kernel libraries' first-call setup, allocator growth, lazy CUDA module loading); at most
+    ``steps`` steps or ``budget_s`` seconds (an LM step can take a second on a CPU)."""
+    model = workload.build_model(**wl_options).to(device)
     optimizer = torch.optim.Adam(model.parameters())
     x = loaders.normalize_batch(data.images[:64].to(device), data.mean, data.std)
     y = data.labels[:64].to(device)
+    deadline = time.perf_counter() + budget_s
     for _ in range(steps):
+        if time.perf_counter() > deadline:
+            break
         optimizer.zero_grad(set_to_none=True)
         workload.loss_fn(model(x), y).backward()
         optimizer.step()

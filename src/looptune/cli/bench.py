@@ -26,7 +26,7 @@ from looptune.dist.context import DEFAULT_TIMEOUT_S, env_world_size, timeout_pro
 from looptune.dist.launch import launch, nproc_problem
 from looptune.engine.device import DeviceChoice, device_type
 from looptune.errors import ConfigError, DataError, MeasurementError
-from looptune.presets import DEFAULT_BENCH, RECIPES, parse_recipes
+from looptune.presets import REGISTRIES, default_recipes, parse_recipes
 from looptune.engine.run_state import RunOptions
 from looptune.recipe import Recipe, with_overrides
 from looptune.report.build import save_and_render
@@ -38,9 +38,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                        description="Run a workload under several recipes, one after another in "
                                    "one process, and print a table of measured results.")
     p.add_argument("workload", help=f"workload: {', '.join([*ALIASES, *WORKLOADS])}")
-    p.add_argument("--recipes", default=",".join(DEFAULT_BENCH),
-                   help=f"comma-separated recipes, the first is the speedup baseline; "
-                        f"any of {', '.join(RECIPES)} (default: {','.join(DEFAULT_BENCH)})")
+    recipes = "; ".join(f"{w}: {', '.join(r)} (default {','.join(d)})"
+                        for w, (r, d) in REGISTRIES.items())
+    p.add_argument("--recipes", default=None,
+                   help=f"comma-separated recipes of the workload, the first is the speedup "
+                        f"baseline. {recipes}")
     p.add_argument("--epochs", type=int, default=None,
                    help="passes over the training data (default: the workload's; 5 for mnist)")
     p.add_argument("--data", metavar="DIR", default=None,
@@ -53,8 +55,19 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--set", metavar="FIELD=VALUE", action="append", default=[], dest="overrides",
                    help="change a recipe field for every recipe, e.g. --set step.precision=bf16 "
                         "--set loader.batch_size=256 (repeatable)")
+    p.add_argument("--target", type=float, default=None, metavar="VALUE",
+                   help="evaluate each epoch and record the training time until the workload's "
+                        "metric reaches VALUE (accuracy: at or above, e.g. 0.975; char-gpt's "
+                        "val_loss: at or below, e.g. 1.6)")
     p.add_argument("--target-accuracy", type=float, default=None, metavar="ACC",
-                   help="evaluate each epoch and record the training time to reach ACC, e.g. 0.975")
+                   help="the same as --target for an accuracy (kept for older commands)")
+    p.add_argument("--corpus", default=None, metavar="NAME|FILE",
+                   help="char-gpt: pystdlib (default, offline), tinyshakespeare (see looptune "
+                        "data tinyshakespeare --download), or a UTF-8 text file")
+    p.add_argument("--context", type=int, default=None, metavar="T",
+                   help="char-gpt: tokens (bytes) per window, default 128")
+    p.add_argument("--max-bytes", type=int, default=None, metavar="B",
+                   help="char-gpt: bytes of the pystdlib corpus to use (default 1048576)")
     p.add_argument("--eval-every", type=int, default=None, metavar="N",
                    help="also evaluate every N batches (evaluation time is excluded from training)")
     p.add_argument("--checkpoint", metavar="DIR", default=None,
@@ -77,24 +90,36 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 def _preflight(args: argparse.Namespace) -> tuple[list[Recipe], RunOptions]:
     """Check every argument and the data before any training; raise all problems at once."""
-    problems, recipes = [], []
+    problems, recipes, wl_options, known = [], [], {}, True
     try:
         workload = get_workload(args.workload)
     except ConfigError as err:
         problems += err.problems
-        workload = get_workload("mnist-mlp")  # keep checking the other arguments
+        workload, known = get_workload("mnist-mlp"), False  # keep checking the other arguments
+    if args.recipes is None:
+        args.recipes = ",".join(default_recipes(workload.recipe_set))
     try:
-        recipes = parse_recipes(args.recipes, device_type(args.device))
+        recipes = parse_recipes(args.recipes, device_type(args.device), workload.recipe_set)
         recipes = [with_overrides(r, args.overrides) for r in recipes]
     except ConfigError as err:
         problems += err.problems
+    try:
+        wl_options = workload.check_options(workload_options(args))
+    except ConfigError as err:
+        problems += err.problems
+    if args.target is not None and args.target_accuracy is not None:
+        problems.append("give --target or --target-accuracy, not both.")
+    if args.target_accuracy is not None and workload.metric.name != "accuracy":
+        problems.append(f"--target-accuracy: workload {workload.name} is scored by "
+                        f"{workload.metric.name}; use --target in its units.")
+    target = args.target if args.target is not None else args.target_accuracy
     options = RunOptions(
         epochs=workload.default_epochs if args.epochs is None else args.epochs, seed=args.seed,
-        target_accuracy=args.target_accuracy, eval_every=args.eval_every,
+        target=target, metric=workload.metric, eval_every=args.eval_every,
         checkpoint_dir=None if args.checkpoint is None else Path(args.checkpoint),
         checkpoint_every=args.checkpoint_every, resume=args.resume)
-    problems += check_bench_args(recipes=recipes or ["seed-baseline"], options=options,
-                                 device=args.device)
+    problems += check_bench_args(recipes=recipes or [Recipe(name="x")], options=options,
+                                 device=args.device, workload=workload.recipe_set)
     if args.repeats < 1:
         problems.append(f"--repeats {args.repeats} is invalid: must be >= 1 (median of N runs).")
     if args.nproc is not None and (problem := nproc_problem(args.nproc)):
@@ -107,10 +132,11 @@ def _preflight(args: argparse.Namespace) -> tuple[list[Recipe], RunOptions]:
     if args.json is not None:
         problems += [p for p in [writable_problem(args.json, "--json")] if p]
     problems += report_problems(args.report)
-    try:
-        mnist.verify(args.data)
-    except DataError as err:
-        problems.append(str(err))
+    if known:
+        try:  # the data last: it may read a corpus or hash the MNIST files
+            workload.check_data(data_dir=args.data, **wl_options)
+        except (DataError, ConfigError) as err:
+            problems += getattr(err, "problems", None) or [str(err)]
     if problems:
         raise ConfigError(problems)
     return recipes, options
@@ -144,7 +170,8 @@ def run(args: argparse.Namespace) -> int:
         warnings.filterwarnings("ignore", message="This DataLoader will create")
         results = bench(workload=args.workload, recipes=recipes, epochs=options.epochs,
                         seed=options.seed, device=args.device, data_dir=args.data,
-                        target_accuracy=options.target_accuracy, eval_every=options.eval_every,
+                        target=options.target, eval_every=options.eval_every,
+                        **workload_options(args),
                         checkpoint_dir=options.checkpoint_dir,
                         checkpoint_every=options.checkpoint_every, resume=options.resume,
                         repeats=args.repeats, dist_timeout_s=args.dist_timeout,
@@ -156,6 +183,12 @@ def run(args: argparse.Namespace) -> int:
         return 0
     _report(results, args.json, args.report)
     return 0
+
+
+def workload_options(args: argparse.Namespace) -> dict:
+    """The workload options given on the command line (None = the workload's default)."""
+    return {k: v for k, v in (("corpus", args.corpus), ("context", args.context),
+                              ("max_bytes", args.max_bytes)) if v is not None}
 
 
 def _report(results, json_path: str | None, report_dir: str | None) -> None:
@@ -212,7 +245,9 @@ def _child_argv(args: argparse.Namespace, baseline: bool = False) -> list[str]:
     checkpoints = [] if baseline else [("--checkpoint", args.checkpoint),
                                        ("--checkpoint-every", args.checkpoint_every)]
     for flag, value in (("--epochs", args.epochs), ("--data", args.data),
-                        ("--target-accuracy", args.target_accuracy),
+                        ("--target", args.target), ("--target-accuracy", args.target_accuracy),
+                        ("--corpus", args.corpus), ("--context", args.context),
+                        ("--max-bytes", args.max_bytes),
                         ("--eval-every", args.eval_every), *checkpoints):
         if value is not None:
             argv += [flag, str(value)]

@@ -73,12 +73,12 @@ def _targets(args: argparse.Namespace, need_model: bool):
 
 def _workload(args: argparse.Namespace):
     from looptune.bench.workloads import get_workload
-    from looptune.data.loaders import PerSampleImages
+    from looptune.data.loaders import per_sample_dataset
 
     spec = get_workload(args.workload)
     train, _ = spec.load(data_dir=args.data)
     model = build_model(args.model) if args.model else spec.build_model()
-    return PerSampleImages(train), model  # the reference's per-sample pipeline
+    return per_sample_dataset(train), model  # the workload's per-sample (baseline) pipeline
 
 
 def run_loader(args: argparse.Namespace) -> int:

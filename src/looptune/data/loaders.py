@@ -17,7 +17,7 @@ bit-identical first batches.
 from __future__ import annotations
 
 import functools
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -28,28 +28,38 @@ from torch.utils.data import DataLoader, Dataset, TensorDataset
 from looptune.data.order import (EpochBatchSampler, EpochSampler, batch_indices,  # noqa: F401
                                  epoch_batches, epoch_permutation, num_batches, rank_num_batches,
                                  rank_samples_per_epoch)
+from looptune.data.per_sample import (PerSampleImages, _ToTensorNormalize,  # noqa: F401
+                                      reference_transform, transform_kind)
 from looptune.errors import ConfigError
 from looptune.recipe import LoaderConfig
 
 __all__ = ["ImageData", "BatchedData", "BatchSource", "has_get_batch", "epoch_permutation",
            "epoch_batches", "normalize_batch", "reference_transform", "num_batches",
-           "batch_indices", "make"]
+           "batch_indices", "make", "prepare_batch", "per_sample_dataset", "BatchAugment", "PerSampleImages",
+           "reference_transform", "transform_kind"]
 
 Batch = tuple[torch.Tensor, torch.Tensor]
 
 
 @dataclass(frozen=True)
 class ImageData:
-    """Inputs and targets held as tensors (first dimension = samples).
+    """Inputs and targets held as tensors (first dimension = samples): images, token windows,
+    any fixed-shape samples.
 
     With ``mean``/``std`` the inputs are uint8 images, normalized per batch on the device as
-    ToTensor + Normalize would; without them the inputs are used as they are.
+    ToTensor + Normalize would; without them the inputs are used as they are. With ``augment``
+    every training batch gets a random transform first (batched, on the training device), and
+    the per-sample pipeline applies the same transform to each PIL image instead.
     """
 
     images: torch.Tensor  # inputs, N x ...: uint8 images when mean/std are given
     labels: torch.Tensor  # targets, N x ...
     mean: float | None = None  # per-pixel mean of the [0, 1]-scaled images, subtracted
     std: float | None = None  # per-pixel std of the [0, 1]-scaled images, divided by
+    augment: BatchAugment | None = None  # random training transform (e.g. augment.RandomAffine)
+    # how the per-sample (seed/baseline) pipeline reads this data one sample at a time; None:
+    # PIL decode + Normalize for images with mean/std, else indexing the tensors
+    per_sample: Callable[[ImageData], Dataset] | None = None
 
     def __len__(self) -> int:
         return int(self.labels.shape[0])
@@ -128,6 +138,15 @@ def has_get_batch(data: object) -> bool:
     return callable(getattr(data, "get_batch", None)) and hasattr(data, "__len__")
 
 
+class BatchAugment(Protocol):
+    """A random transform with a batched form (tensor ops on the device) and a per-sample form
+    (for one PIL image in a Dataset), drawing from the same distribution."""
+
+    def batch(self, x: torch.Tensor) -> torch.Tensor: ...  # float N x ... -> same shape
+
+    def per_sample(self) -> Callable: ...  # -> callable(PIL image) -> PIL image
+
+
 class BatchSource(Protocol):
     """What the training loop iterates: ``epoch(e)`` yields raw batches, ``to_device`` readies one."""
 
@@ -155,81 +174,28 @@ def normalize_batch(x: torch.Tensor, mean: float | None, std: float | None) -> t
     return x.to(torch.float32).div_(c255).sub_(cmean).div_(cstd)
 
 
+def prepare_batch(x: torch.Tensor, mean: float | None, std: float | None,
+                  augment: BatchAugment | None = None) -> torch.Tensor:
+    """A gathered uint8 batch -> model input, on its device: the random augmentation first (in
+    pixel units, where 0 stays the background it fills with), then :func:`normalize_batch`."""
+    if augment is not None:
+        x = augment.batch(x.to(torch.float32))  # a new tensor: normalizing it in place is safe
+    return normalize_batch(x, mean, std)
+
+
 @functools.lru_cache(maxsize=16)
 def _constants(device: torch.device, mean: float, std: float) -> tuple[torch.Tensor, ...]:
     return tuple(torch.tensor(v, dtype=torch.float32, device=device) for v in (255.0, mean, std))
 
 
-class _ToTensorNormalize:
-    """torchvision's ``Compose([ToTensor(), Normalize((mean,), (std,))])`` for a grayscale PIL
-    image, op for op (torchvision 0.2x ``F.to_tensor`` and ``F_t.normalize``): the same results
-    *and* the same per-sample cost, so the seed recipes time what the reference runs."""
-
-    def __init__(self, mean: float, std: float) -> None:
-        self.mean, self.std = [mean], [std]
-
-    def __call__(self, img) -> torch.Tensor:
-        return self._normalize(self._to_tensor(img))
-
-    @staticmethod
-    def _to_tensor(pic) -> torch.Tensor:
-        img = torch.from_numpy(np.array(pic, np.uint8, copy=True))
-        img = img.view(pic.size[1], pic.size[0], len(pic.getbands()))
-        img = img.permute((2, 0, 1)).contiguous()  # HWC -> CHW
-        return img.to(dtype=torch.get_default_dtype()).div(255)
-
-    def _normalize(self, tensor: torch.Tensor) -> torch.Tensor:
-        tensor = tensor.clone()  # Normalize(inplace=False)
-        mean = torch.as_tensor(self.mean, dtype=tensor.dtype, device=tensor.device)
-        std = torch.as_tensor(self.std, dtype=tensor.dtype, device=tensor.device)
-        if (std == 0).any():
-            raise ValueError(f"std evaluated to zero after conversion to {tensor.dtype}")
-        return tensor.sub_(mean.view(-1, 1, 1)).div_(std.view(-1, 1, 1))
-
-
-def reference_transform(mean: float, std: float):
-    """The reference's per-sample transform: torchvision's when installed, an equivalent otherwise."""
-    transforms, _ = _torchvision_transforms()
-    if transforms is None:
-        return _ToTensorNormalize(mean, std)
-    return transforms.Compose([transforms.ToTensor(), transforms.Normalize((mean,), (std,))])
-
-
-def transform_kind() -> tuple[str, str]:
-    """Which per-sample transform the seed recipes use here, and why."""
-    transforms, error = _torchvision_transforms()
-    if transforms is not None:
-        return "torchvision", "torchvision is installed: its ToTensor() and Normalize(), as the reference"
-    return "equivalent", (f"torchvision is not usable ({error}); looptune's equivalent "
-                          "ToTensor + Normalize performs the same float operations")
-
-
-@functools.lru_cache(maxsize=1)
-def _torchvision_transforms():
-    try:
-        from torchvision import transforms
-    except Exception as err:  # missing, or broken beside this torch (ABI mismatch): say which
-        return None, f"{type(err).__name__}: {err}"[:200]
-    return transforms, None
-
-
-class PerSampleImages(Dataset):
-    """The reference dataset: like ``torchvision.datasets.MNIST``, one PIL decode per sample."""
-
-    def __init__(self, data: ImageData) -> None:
-        from PIL import Image  # imported here: only the per-sample path needs Pillow
-
-        self._image = Image
-        self.images, self.labels = data.images, data.labels
-        self.transform = reference_transform(data.mean, data.std)
-
-    def __len__(self) -> int:
-        return int(self.labels.shape[0])
-
-    def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
-        img, target = self.images[index], int(self.labels[index])
-        img = self._image.fromarray(img.numpy())  # uint8 2-D array -> mode "L", as torchvision
-        return self.transform(img), target
+def per_sample_dataset(data: ImageData) -> Dataset:
+    """How the per-sample (seed/baseline) pipeline reads ``data``: the workload's own reader, the
+    reference's PIL decode + Normalize for images, else indexing the tensors."""
+    if data.per_sample is not None:
+        return data.per_sample(data)
+    if data.mean is not None:
+        return PerSampleImages(data)
+    return TensorDataset(data.images, data.labels)
 
 
 class TensorBatches(Dataset):
@@ -253,6 +219,7 @@ class LoaderSource:
         self.cfg, self.device, self.n, self.seed = cfg, device, len(data), seed
         self.rank, self.world = rank, world
         self.mean, self.std = getattr(data, "mean", None), getattr(data, "std", None)
+        self.augment = getattr(data, "augment", None)
         # uint8 batches to normalize on the device: gathered whole, or a packed dataset's
         # samples (which carry no per-sample transform)
         self.normalize = cfg.decode == "tensorized" or isinstance(data, BatchedData)
@@ -276,7 +243,7 @@ class LoaderSource:
         nb = self.cfg.non_blocking
         x, y = x.to(self.device, non_blocking=nb), y.to(self.device, non_blocking=nb)
         if self.normalize:  # uint8 crossed the bus: 4x fewer bytes than float32
-            x = normalize_batch(x, self.mean, self.std)
+            x = prepare_batch(x, self.mean, self.std, self.augment)
         return x, y
 
 
@@ -292,8 +259,7 @@ def _build_dataloader(cfg: LoaderConfig, data: ImageData | Dataset, seed: int, r
         # ImageData: the reference's PIL decode per sample; any other Dataset: its own __getitem__
         per_sample = data.dataset if isinstance(data, BatchedData) else data
         if isinstance(data, ImageData):
-            per_sample = (PerSampleImages(data) if data.mean is not None
-                          else TensorDataset(data.images, data.labels))
+            per_sample = per_sample_dataset(data)
         sampler = EpochSampler(len(data), seed, cfg.batch_size, cfg.drop_last, rank, world)
         return DataLoader(per_sample, batch_size=cfg.batch_size, sampler=sampler,
                           drop_last=cfg.drop_last, **common)
@@ -308,6 +274,7 @@ class DeviceSource:
     def __init__(self, cfg: LoaderConfig, data: ImageData | BatchedData, device: torch.device,
                  seed: int, rank: int = 0, world: int = 1):
         self.cfg, self.seed, self.mean, self.std = cfg, seed, data.mean, data.std
+        self.augment = getattr(data, "augment", None)
         self.rank, self.world, self.device = rank, world, device
         data = data.materialize()  # a packed dataset: read once, vectorized
         # one process: the whole uint8 dataset on the device (uint8: 4x less memory than float).
@@ -342,7 +309,7 @@ class DeviceSource:
                              drop_last=self.cfg.drop_last, rank=self.rank, world=self.world)
 
     def to_device(self, x: torch.Tensor, y: torch.Tensor) -> Batch:
-        return normalize_batch(x, self.mean, self.std), y
+        return prepare_batch(x, self.mean, self.std, self.augment), y
 
 
 def make(cfg: LoaderConfig, data: ImageData | BatchedData, *, device: torch.device,

@@ -92,6 +92,7 @@ class PrefetchSource:
                  device: torch.device, seed: int, rank: int = 0, world: int = 1) -> None:
         self.depth = _check_depth(cfg.prefetch_factor)
         self.cfg, self.seed, self.mean, self.std = cfg, seed, data.mean, data.std
+        self.augment = getattr(data, "augment", None)
         self.rank, self.world = rank, world
         self.device = _resolve_device(torch.device(device))
         self.data = data  # stays in host memory (tensors, or a packed dataset read per batch)
@@ -140,7 +141,7 @@ class PrefetchSource:
         Returns:
             ``(normalized float32 images, labels)``.
         """
-        return loaders.normalize_batch(x, self.mean, self.std), y
+        return loaders.prepare_batch(x, self.mean, self.std, self.augment), y
 
     def close(self) -> None:
         """Stop the active producer thread, if any (idempotent)."""

@@ -10,7 +10,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from looptune.dist.context import DistContext
 
-__all__ = ["no_sync", "sharded_accuracy", "unwrap", "wrap"]
+__all__ = ["no_sync", "sharded_accuracy", "sharded_mean", "unwrap", "wrap"]
 
 
 def wrap(model: torch.nn.Module, device: torch.device, ctx: DistContext) -> torch.nn.Module:
@@ -35,13 +35,18 @@ def no_sync(model: torch.nn.Module, skip: bool) -> contextlib.AbstractContextMan
     return contextlib.nullcontext()
 
 
-def sharded_accuracy(score: Callable[[torch.nn.Module, int, int], tuple[float, int]],
-                     model: torch.nn.Module, ctx: DistContext) -> float:
-    """Accuracy over the whole evaluation set, each rank scoring its shard.
+def sharded_mean(score: Callable[[torch.nn.Module, int, int], tuple[float, int]],
+                 model: torch.nn.Module, ctx: DistContext) -> float:
+    """A metric's mean over the whole evaluation set, each rank scoring its shard.
 
-    ``score(model, rank, world) -> (correct, count)`` scores samples ``rank::world``; the counts
-    are summed over ranks (one all-reduce), so every rank returns the same global accuracy.
+    ``score(model, rank, world) -> (sum, count)`` scores samples ``rank::world`` (correct
+    predictions, or summed per-sample losses); sums and counts are added over the ranks (one
+    all-reduce), so every rank returns the same global mean. One process: its own sum / count.
     """
-    correct, count = score(unwrap(model), ctx.rank, ctx.world_size)
-    correct, count = ctx.all_sum([correct, count])
-    return correct / max(count, 1.0)
+    total, count = score(unwrap(model), ctx.rank, ctx.world_size)
+    if ctx.enabled:
+        total, count = ctx.all_sum([total, count])
+    return total / max(count, 1.0)
+
+
+sharded_accuracy = sharded_mean  # the accuracy is the mean of per-sample 0/1 scores

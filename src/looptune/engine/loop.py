@@ -28,14 +28,14 @@ from looptune.engine.schedule import build_scheduler
 from looptune.engine.step import Stepper
 from looptune.errors import MeasurementError
 from looptune.measure.memory import PeakMemory
-from looptune.measure.results import RunResult
+from looptune.measure.results import RunResult, metric_fields
 from looptune.measure.timing import Stopwatch
 from looptune.recipe import Decision, Recipe
 
 __all__ = ["Progress", "RunOptions", "train"]
 
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
-Evaluate = Callable[[torch.nn.Module], float]  # model -> accuracy in [0, 1]
+Evaluate = Callable[[torch.nn.Module], float]  # model -> the metric (options.metric names it)
 
 
 class Progress(Protocol):
@@ -58,8 +58,9 @@ def train(*, model: torch.nn.Module, source: BatchSource, recipe: Recipe, loss_f
         recipe: the resolved recipe (see ``looptune.resolve.resolve``).
         loss_fn: ``loss_fn(logits, targets) -> scalar loss``.
         device: the training device.
-        options: epochs, evaluation cadence, target accuracy, checkpointing.
-        evaluate: ``evaluate(model) -> accuracy``; used for ``eval_every``/``target_accuracy``.
+        options: epochs, evaluation cadence, the metric and its target, checkpointing.
+        evaluate: ``evaluate(model) -> metric value`` (``options.metric`` says which and its
+            direction); used for ``eval_every``/``target``.
         setup_s, decisions: recorded as given (time to build ``source``; automatic changes).
         progress: optional sink for progress reports.
         dist: this rank's place in a data-parallel job (``looptune.dist.context.init``); the
@@ -93,6 +94,8 @@ class _Run:
             raise MeasurementError("the data yields no batches: the dataset is empty or smaller "
                                    "than one batch with drop_last=True")
         self.ctx, self.module = ctx, model  # the user's module: checkpoints and evaluation
+        if recipe.step.channels_last:
+            model.to(memory_format=torch.channels_last)  # in place: parameters become NHWC
         model = ddp.wrap(model, device, ctx)  # DDP with several ranks, else the model itself
         self.model, self.source, self.recipe, self.device = model, source, recipe, device
         self.options, self.evaluate, self.progress = options, evaluate, progress
@@ -180,7 +183,8 @@ class _Run:
     def _end_epoch(self, epoch: int, epoch_s: float) -> None:
         state, n_batches = self.state, len(self.source)
         total = state.loss_host + float(state.losses.sum().item())  # sync: once per epoch
-        (mean_loss,) = self.ctx.all_mean([total / n_batches])  # every rank: the global loss
+        trained = max(state.position, 1)  # n_batches, unless a stream ended early
+        (mean_loss,) = self.ctx.all_mean([total / trained])  # every rank: the global loss
         state.epoch_s.append(epoch_s)
         state.epoch_loss.append(mean_loss)
         state.epoch, state.position, state.epoch_partial_s = epoch + 1, 0, 0.0
@@ -195,14 +199,17 @@ class _Run:
         if self.evaluate is None:
             return
         state, t0 = self.state, time.perf_counter()
-        accuracy = self.evaluate(self.module)
+        value = self.evaluate(self.module)
         self.model.train()
         spent = time.perf_counter() - t0
         state.eval_s += spent
-        state.evals.append({"epoch": state.epoch, "batches": state.global_batches,
-                            "train_s": self._train_s_now(), "accuracy": accuracy, "eval_s": spent})
-        target = self.options.target_accuracy
-        if target is not None and state.time_to_target_s is None and accuracy >= target:
+        metric, target = self.options.metric, self.options.target
+        entry = {"epoch": state.epoch, "batches": state.global_batches,
+                 "train_s": self._train_s_now(), "metric": value, "eval_s": spent}
+        if metric.name == "accuracy":
+            entry["accuracy"] = value  # the key older results and reports read
+        state.evals.append(entry)
+        if target is not None and state.time_to_target_s is None and metric.reached(value, target):
             state.time_to_target_s = self._train_s_now()
 
     def _train_s_now(self) -> float:
@@ -288,8 +295,9 @@ class _Run:
             data_wait_s=state.data_wait_s, data_wait_fraction=min(state.data_wait_s / wall, 1.0),
             peak_mem_bytes=mem.peak_bytes, peak_mem_kind=mem.kind,
             eval_s=state.eval_s if state.evals else None, evals=state.evals,
-            test_accuracy=state.evals[-1]["accuracy"] if state.evals else None,
-            time_to_target_s=state.time_to_target_s, target_accuracy=self.options.target_accuracy,
+            **metric_fields(self.options.metric, state.evals[-1]["metric"] if state.evals else None,
+                            self.options.target),
+            time_to_target_s=state.time_to_target_s,
             compile_s=stats.compile_s, recompiles=stats.recompiles,
             compile_fallback=stats.compile_fallback, optimizer_steps=stats.optimizer_steps,
             optimizer_impl=optimizer_kind(self.optimizer),

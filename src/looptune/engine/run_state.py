@@ -16,6 +16,7 @@ import torch
 
 from looptune.engine import checkpoint as ckpt
 from looptune.errors import LooptuneError, MeasurementError
+from looptune.measure.metric import ACCURACY, MetricSpec
 
 __all__ = ["RunOptions", "RunState", "Interrupted", "NonFiniteLoss", "stop_signals", "cpu_threads"]
 
@@ -27,7 +28,8 @@ class RunOptions:
     epochs: int  # passes over the training data
     seed: int = 0  # initial weights (set by the caller) and every epoch's shuffle order
     eval_every: int | None = None  # evaluate every N batches as well as at each epoch's end
-    target_accuracy: float | None = None  # record the training time when evaluation reaches it
+    target: float | None = None  # record the training time when evaluation reaches it
+    metric: MetricSpec = ACCURACY  # what evaluation returns and which direction is better
     checkpoint_dir: Path | None = None  # where checkpoints go (None: no checkpoints)
     checkpoint_every: int | None = None  # optimizer steps between checkpoints
     resume: bool = False  # continue from the newest valid checkpoint in checkpoint_dir
@@ -45,9 +47,9 @@ class RunOptions:
             value = getattr(self, name)
             if value is not None and not _pos_int(value):
                 out.append(f"{name}={value!r} is invalid: must be an integer >= 1 (steps).")
-        target = self.target_accuracy
-        if target is not None and not (isinstance(target, (int, float)) and 0 < target <= 1):
-            out.append(f"target_accuracy={target!r} is invalid: a fraction in (0, 1], e.g. 0.975.")
+        problem = None if self.target is None else self.metric.target_problem(self.target)
+        if problem:
+            out.append(problem)
         if self.checkpoint_dir is None and (self.checkpoint_every or self.resume):
             out.append("checkpoint_every/resume need a checkpoint folder: pass --checkpoint DIR.")
         if self.checkpoint_dir is not None and Path(self.checkpoint_dir).is_file():
@@ -56,7 +58,7 @@ class RunOptions:
 
     @property
     def evaluates(self) -> bool:
-        return self.eval_every is not None or self.target_accuracy is not None
+        return self.eval_every is not None or self.target is not None
 
 
 def _pos_int(value: Any) -> bool:

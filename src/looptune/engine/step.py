@@ -69,6 +69,8 @@ class Stepper:
         self._graph: graphs.GraphedStep | None = None
 
     def __call__(self, x: torch.Tensor, y: torch.Tensor, *, boundary: bool = False) -> torch.Tensor:
+        if self.cfg.channels_last and isinstance(x, torch.Tensor) and x.dim() == 4:
+            x = x.contiguous(memory_format=torch.channels_last)
         if self.cfg.cuda_graphs:
             return self._graphed(x, y)
         if self.cfg.compile != "off" and self.stats.compile_fallback is None:

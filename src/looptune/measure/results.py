@@ -10,6 +10,8 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
+from looptune.measure.metric import MetricSpec, metric_spec
+
 __all__ = ["RunResult"]
 
 
@@ -32,10 +34,14 @@ class RunResult:
     data_wait_fraction: float  # data_wait_s / wall_s
     peak_mem_bytes: int | None  # None = could not be measured
     peak_mem_kind: str  # what peak_mem_bytes measures, see measure.memory
-    test_accuracy: float | None = None  # fraction correct on the test set after training
+    metric_name: str = "accuracy"  # what evaluation measured: "accuracy", "val_loss", a user's own
+    metric: float | None = None  # its value on the evaluation data after training
+    higher_is_better: bool = True  # the metric's direction (a loss: False)
+    target: float | None = None  # what time_to_target_s measures against (in metric units)
+    test_accuracy: float | None = None  # the metric when it is accuracy (fraction correct), else None
     eval_s: float | None = None  # evaluation time, excluded from wall_s
     evals: list[dict[str, Any]] = field(default_factory=list)  # {epoch, batches, train_s, accuracy, eval_s}
-    target_accuracy: float | None = None  # what time_to_target_s measures against
+    target_accuracy: float | None = None  # target when the metric is accuracy, else None
     time_to_target_s: float | None = None  # training time until an evaluation reached the target
     compile_s: float = 0.0  # torch.compile time (first calls, recompilations), excluded from wall_s
     recompiles: int = 0  # graphs compiled after the first one (new shapes, guard failures)
@@ -46,6 +52,12 @@ class RunResult:
     resumed_from: str | None = None  # the checkpoint this run continued from
     extra: dict[str, Any] = field(default_factory=dict)
 
+    def __post_init__(self) -> None:
+        if self.metric is None and self.test_accuracy is not None and self.metric_name == "accuracy":
+            object.__setattr__(self, "metric", self.test_accuracy)  # results written before metrics
+        if self.target is None and self.target_accuracy is not None and self.metric_name == "accuracy":
+            object.__setattr__(self, "target", self.target_accuracy)
+
     @property
     def s_per_epoch(self) -> float:
         return self.wall_s / self.epochs
@@ -55,5 +67,19 @@ class RunResult:
         d["s_per_epoch"] = self.s_per_epoch
         return d
 
-    def with_eval(self, *, test_accuracy: float, eval_s: float) -> RunResult:
-        return dataclasses.replace(self, test_accuracy=test_accuracy, eval_s=eval_s)
+    def with_eval(self, *, value: float, eval_s: float) -> RunResult:
+        """This result with the metric measured after training (``value`` in metric units)."""
+        accuracy = value if self.metric_name == "accuracy" else None
+        return dataclasses.replace(self, metric=value, test_accuracy=accuracy, eval_s=eval_s)
+
+    @property
+    def metric_spec(self) -> MetricSpec:
+        return metric_spec(self.metric_name, self.higher_is_better)
+
+
+def metric_fields(spec: MetricSpec, value: float | None, target: float | None) -> dict[str, Any]:
+    """RunResult's metric fields for ``spec`` (the accuracy-only fields filled when it is accuracy)."""
+    accuracy = spec.name == "accuracy"
+    return {"metric_name": spec.name, "metric": value, "higher_is_better": spec.higher_is_better,
+            "target": target, "test_accuracy": value if accuracy else None,
+            "target_accuracy": target if accuracy else None}

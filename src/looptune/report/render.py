@@ -10,7 +10,7 @@ from rich.table import Table
 from looptune._format import format_bytes
 from looptune.bench.results import BenchResults
 
-__all__ = ["bench_markdown", "bench_notes", "bench_rows", "bench_table", "columns", "format_bytes", "wide_console"]
+__all__ = ["tokens_per_sample", "bench_markdown", "bench_notes", "bench_rows", "bench_table", "columns", "format_bytes", "wide_console"]
 
 # "loss" is the last epoch's average batch loss, as the reference prints it per epoch
 COLUMNS = ["recipe", "total s", "s/epoch", "samples/s", "speedup", "loss", "test acc",
@@ -24,27 +24,45 @@ def wide_console() -> Console:
 
 
 def columns(results: BenchResults) -> list[str]:
-    """:data:`COLUMNS`, plus time to target and compile time when some run has them."""
+    """:data:`COLUMNS` (the metric's column named after it), plus tokens/s for a language model,
+    time to target and compile time when some run has them."""
+    metric = results.runs[0].metric_spec if results.runs else None
+    names = list(COLUMNS)
+    if metric is not None and metric.name != "accuracy":
+        names[names.index("test acc")] = metric.name
+    if results.unit != "samples":
+        names[names.index("samples/s")] = f"{results.unit}/s"
+    if tokens_per_sample(results):
+        names.insert(names.index(f"{results.unit}/s") + 1, "tokens/s")
     extra = []
-    if any(r.target_accuracy is not None for r in results.runs):
-        target = next(r.target_accuracy for r in results.runs if r.target_accuracy is not None)
-        extra.append(f"s to {100 * target:g}%")
+    if any(r.target is not None for r in results.runs):
+        run = next(r for r in results.runs if r.target is not None)
+        extra.append(f"s to {run.metric_spec.format_target(run.target)}")
     if any(r.compile_s > 0 or r.compile_fallback for r in results.runs):
         extra.append("compile s")
     if results.world_size > 1:
         extra += ["ranks", "slowest rank", "scaling eff."]
-    return COLUMNS + extra
+    return names + extra
+
+
+def tokens_per_sample(results: BenchResults) -> int | None:
+    """Tokens in one sample (an LM's context), from the results' data provenance; else None."""
+    data = results.provenance.get("data") or {}
+    return data.get("context")
 
 
 def bench_rows(results: BenchResults) -> list[list[str]]:
     """One row of formatted cells per run, in :func:`columns` order."""
     rows, names = [], columns(results)
     efficiency = results.scaling_efficiency()
+    tokens = tokens_per_sample(results)
     for run, speedup, eff in zip(results.runs, results.speedups(), efficiency):
-        acc = "n/a" if run.test_accuracy is None else f"{100 * run.test_accuracy:.2f}%"
         row = [run.recipe, f"{run.wall_s:.2f}", f"{run.s_per_epoch:.3f}",
                f"{run.samples_per_s:,.0f}", f"{speedup:.2f}x", f"{run.epoch_loss[-1]:.4f}",
-               acc, f"{100 * run.data_wait_fraction:.0f}%", format_bytes(run.peak_mem_bytes)]
+               run.metric_spec.format(run.metric), f"{100 * run.data_wait_fraction:.0f}%",
+               format_bytes(run.peak_mem_bytes)]
+        if tokens:
+            row.insert(4, f"{run.samples_per_s * tokens:,.0f}")
         if any(n.startswith("s to ") for n in names):
             row.append("not reached" if run.time_to_target_s is None else f"{run.time_to_target_s:.2f}")
         if "compile s" in names:

@@ -1,27 +1,15 @@
-"""The built-in recipes: the reference's three (seed-*), looptune's data-pipeline fixes, and the
-device-aware presets ``fast`` and ``tta`` whose every choice carries its reason.
+"""The reference workload's recipes (mnist-mlp): the reference's three (seed-*), looptune's
+data-pipeline fixes, and the device-aware presets ``fast`` and ``tta`` whose every choice carries
+its reason.
 """
 
 from __future__ import annotations
 
-import difflib
-from collections.abc import Callable
-from dataclasses import dataclass
-
-from looptune.errors import ConfigError
+from looptune.presets.preset import Preset
 from looptune.recipe import (Decision, LoaderConfig, OptimConfig, Recipe, ScheduleConfig,
                              StepConfig)
 
-__all__ = ["Preset", "RECIPES", "get_recipe", "parse_recipes", "recipe_names"]
-
-
-@dataclass(frozen=True)
-class Preset:
-    """A recipe whose settings depend on the device: ``build(device_type) -> Recipe``."""
-
-    name: str
-    description: str
-    build: Callable[[str], Recipe]
+__all__ = ["RECIPES", "DEFAULT_BENCH"]
 
 
 def _fast(device_type: str) -> Recipe:
@@ -92,38 +80,3 @@ RECIPES: dict[str, Recipe | Preset] = {r.name: r for r in [
 ]}
 # `looptune bench mnist` with no --recipes: the reference ladder and looptune's pipeline fixes
 DEFAULT_BENCH = ("seed-baseline", "seed-workers", "seed-pinned", "tensorized", "device")
-
-
-def recipe_names() -> list[str]:
-    return list(RECIPES)
-
-
-def get_recipe(name: str, device_type: str = "cpu") -> Recipe:
-    """A built-in recipe by name (presets built for ``device_type``); unknown names get the list
-    of valid names and the closest suggestion."""
-    found = RECIPES.get(name)
-    if found is None:
-        close = difflib.get_close_matches(name, RECIPES, n=1)
-        hint = f" Did you mean {close[0]!r}?" if close else ""
-        raise ConfigError(f"unknown recipe {name!r}: valid recipes are {', '.join(RECIPES)}.{hint}")
-    return found.build(device_type) if isinstance(found, Preset) else found
-
-
-def parse_recipes(spec: str, device_type: str = "cpu") -> list[Recipe]:
-    """Parse ``"a,b,c"``; reports every unknown or repeated name together."""
-    names = [n.strip() for n in spec.split(",") if n.strip()]
-    problems, recipes = [], []
-    if not names:
-        problems.append(f"--recipes {spec!r} names no recipe: give a comma-separated list "
-                        f"from {', '.join(RECIPES)}.")
-    for i, name in enumerate(names):
-        if name in names[:i]:
-            problems.append(f"recipe {name!r} is listed twice in --recipes {spec!r}: list it once.")
-            continue
-        try:
-            recipes.append(get_recipe(name, device_type))
-        except ConfigError as err:
-            problems.extend(err.problems)
-    if problems:
-        raise ConfigError(problems)
-    return recipes

@@ -1,0 +1,132 @@
+"""The models of the built-in workloads beyond the reference MLP: a small conv net for MNIST with
+augmentation, and a small GPT-style byte-level language model (nanoGPT's shape)."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+__all__ = ["SmallCNN", "GPTConfig", "GPT", "lm_loss"]
+
+
+class SmallCNN(nn.Module):
+    """Two strided 3x3 convolutions with BatchNorm and ReLU, then a linear classifier.
+
+    28x28x1 -> 14x14x8 -> 7x7x16 -> 10 logits. Strided convolutions instead of max-pooling: on a
+    CPU the pooling layers' backward cost as much as the convolutions at these sizes. Accepts
+    N x 28 x 28 or N x 1 x 28 x 28 inputs.
+    """
+
+    def __init__(self, channels: tuple[int, int] = (8, 16), classes: int = 10) -> None:
+        super().__init__()
+        c1, c2 = channels
+        self.features = nn.Sequential(
+            nn.Conv2d(1, c1, 3, stride=2, padding=1, bias=False), nn.BatchNorm2d(c1), nn.ReLU(),
+            nn.Conv2d(c1, c2, 3, stride=2, padding=1, bias=False), nn.BatchNorm2d(c2), nn.ReLU())
+        self.head = nn.Linear(c2 * 7 * 7, classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.dim() == 3:
+            x = x.unsqueeze(1)  # N x H x W -> N x 1 x H x W
+        return self.head(self.features(x).flatten(1))
+
+
+@dataclass(frozen=True, kw_only=True)
+class GPTConfig:
+    """nanoGPT's config, sized for a CPU: bytes in, bytes out."""
+
+    vocab_size: int = 256  # byte-level: every byte is a token, no tokenizer file
+    context: int = 128  # tokens the model attends over (block_size)
+    n_layer: int = 4
+    n_head: int = 4
+    n_embd: int = 128
+    dropout: float = 0.0  # off: the benchmark compares speed at equal quality
+
+
+class _Attention(nn.Module):
+    def __init__(self, cfg: GPTConfig) -> None:
+        super().__init__()
+        self.n_head = cfg.n_head
+        self.qkv = nn.Linear(cfg.n_embd, 3 * cfg.n_embd)
+        self.proj = nn.Linear(cfg.n_embd, cfg.n_embd)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, t, c = x.shape
+        q, k, v = self.qkv(x).split(c, dim=2)
+        q, k, v = (z.view(b, t, self.n_head, c // self.n_head).transpose(1, 2) for z in (q, k, v))
+        y = _attention_fp32(q, k, v).to(q.dtype)
+        return self.proj(y.transpose(1, 2).contiguous().view(b, t, c))
+
+
+def _attention_fp32(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """Causal softmax attention computed in fp32 even under bf16/fp16 autocast (the linear
+    layers around it still run in low precision). Softmax in fp32 is the usual mixed-precision
+    practice, and on a CPU it is also the faster choice: torch 2.13's flash-attention backward
+    for bf16 ran 4.6x slower than for fp32 here (benchmarks/char_lm.py notes the measurement).
+    A no-op in fp32."""
+    if q.device.type == "cuda":  # GPUs have fast low-precision attention kernels: keep them
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    with torch.autocast(q.device.type, enabled=False):
+        return F.scaled_dot_product_attention(q.float(), k.float(), v.float(), is_causal=True)
+
+
+class _Block(nn.Module):
+    def __init__(self, cfg: GPTConfig) -> None:
+        super().__init__()
+        self.ln1, self.ln2 = nn.LayerNorm(cfg.n_embd), nn.LayerNorm(cfg.n_embd)
+        self.attn = _Attention(cfg)
+        self.mlp = nn.Sequential(nn.Linear(cfg.n_embd, 4 * cfg.n_embd), nn.GELU(),
+                                 nn.Linear(4 * cfg.n_embd, cfg.n_embd))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.attn(self.ln1(x))
+        return x + self.mlp(self.ln2(x))
+
+
+class GPT(nn.Module):
+    """A small decoder-only transformer (pre-LayerNorm, causal attention, tied embeddings).
+
+    ``forward(idx)`` takes N x T token ids (any integer dtype, e.g. the uint8 bytes as stored)
+    and returns N x T x vocab logits.
+    """
+
+    def __init__(self, cfg: GPTConfig | None = None) -> None:
+        super().__init__()
+        self.cfg = cfg = cfg or GPTConfig()
+        self.tok = nn.Embedding(cfg.vocab_size, cfg.n_embd)
+        self.pos = nn.Embedding(cfg.context, cfg.n_embd)
+        self.blocks = nn.ModuleList(_Block(cfg) for _ in range(cfg.n_layer))
+        self.ln_f = nn.LayerNorm(cfg.n_embd)
+        self.head = nn.Linear(cfg.n_embd, cfg.vocab_size, bias=False)
+        self.head.weight = self.tok.weight  # weight tying, as GPT-2 and nanoGPT
+        self.apply(self._init)
+        for name, p in self.named_parameters():  # GPT-2: scaled init of the residual projections
+            if name.endswith(("attn.proj.weight", "mlp.2.weight")):
+                nn.init.normal_(p, mean=0.0, std=0.02 / math.sqrt(2 * cfg.n_layer))
+
+    @staticmethod
+    def _init(module: nn.Module) -> None:
+        if isinstance(module, (nn.Linear, nn.Embedding)):
+            nn.init.normal_(module.weight, mean=0.0, std=0.02)
+        if isinstance(module, nn.Linear) and module.bias is not None:
+            nn.init.zeros_(module.bias)
+
+    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+        t = idx.shape[1]
+        if t > self.cfg.context:
+            raise ValueError(f"sequence of {t} tokens is longer than the model's context "
+                             f"{self.cfg.context}")
+        idx = idx.long()  # bytes arrive as uint8 (4x-8x fewer bytes moved); embeddings need int64
+        x = self.tok(idx) + self.pos(torch.arange(t, device=idx.device))
+        for block in self.blocks:
+            x = block(x)
+        return self.head(self.ln_f(x))
+
+
+def lm_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """Mean next-token cross-entropy in nats over every position of the batch."""
+    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), targets.reshape(-1).long())
