@@ -69,6 +69,8 @@ def run_recipe(workload: Workload, recipe: Recipe, *, train_data: ImageData,
     """
     ctx = dist or DistContext()
     resolved, decisions = resolve(recipe, device.type, ctx.world_size, ddp=ctx.enabled)
+    if train_data.mean is None or train_data.per_sample is not None:  # no PIL decode here
+        decisions = [d for d in decisions if d.name != "per_sample_transform"]
     torch.manual_seed(options.seed)  # same seed -> same initial weights in every recipe
     model = workload.build_model(**(model_options or {})).to(device)
     t0 = time.perf_counter()

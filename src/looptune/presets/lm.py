@@ -33,7 +33,7 @@ def _fast(device_type: str) -> Recipe:
             f"torch.compile (inductor, C++) made this CPU step slower ({_MEASURED}); kept eager"
             if cpu else "fuses LayerNorm/GELU/residual adds into fewer kernels on the GPU")),
         Decision("optim", "adamw (fused)", reason="one kernel updates every parameter"),
-        Decision("schedule", "100-step warmup + cosine to 10%", reason=(
+        Decision("schedule", "20-step warmup + cosine to 10%", reason=(
             "nanoGPT's schedule: the same tokens reach a lower validation loss than at a "
             "constant lr")),
         Decision("loss_sync", "epoch", reason="the loss stays on the device: no sync per step"),
@@ -44,7 +44,7 @@ def _fast(device_type: str) -> Recipe:
         loader=LoaderConfig(strategy="device", decode="tensorized", batch_size=32),
         step=StepConfig(precision="bf16", compile="off" if cpu else "default"),
         optim=OptimConfig(impl="fused", **_ADAMW),
-        schedule=ScheduleConfig(name="cosine", warmup_steps=100, min_lr_fraction=0.1),
+        schedule=ScheduleConfig(name="cosine", warmup_steps=20, min_lr_fraction=0.1),
         loss_sync="epoch", reasons=reasons)
 
 
