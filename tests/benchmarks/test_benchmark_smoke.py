@@ -64,3 +64,18 @@ def test_pack_gain_smoke(tmp_path):
 def test_scaling_smoke(mnist_dir):
     proc = _smoke("scaling.py", "--data", str(mnist_dir), "--device", "cpu", timeout=900)
     assert "scaling efficiency" in proc.stdout and "2 ranks (gloo)" in proc.stdout
+
+
+@pytest.mark.integration
+def test_cnn_aug_smoke(mnist_dir):
+    proc = _smoke("cnn_aug.py", "--data", str(mnist_dir), "--device", "cpu")
+    assert "fastest: fast" in proc.stdout and "goal >= 4.0x" in proc.stdout
+    assert "diagnose cnn_augment.py: verdict data_loading" in proc.stdout
+
+
+def test_char_lm_smoke():
+    proc = _smoke("char_lm.py", "--device", "cpu")
+    for needle in ("baseline+bf16", "tokens/s", "bits/byte", "goal >= 2.0x",
+                   "diagnose char_lm.py: verdict "):
+        assert needle in proc.stdout
+    assert "verdict data_loading" not in proc.stdout
