@@ -41,8 +41,17 @@ def _common(p: argparse.ArgumentParser) -> None:
                    help="a callable returning a map-style Dataset of (input, target)")
     p.add_argument("--model", metavar="MODULE:FACTORY", default=None,
                    help="a callable returning the model (measures with a training step)")
-    p.add_argument("--workload", default=None, help="a built-in target instead: mnist-mlp")
-    p.add_argument("--data", metavar="DIR", default=None, help="MNIST folder for --workload")
+    p.add_argument("--workload", default=None,
+                   help="a built-in target instead: mnist-mlp, mnist-cnn, char-gpt (its "
+                        "per-sample dataset, model and loss)")
+    p.add_argument("--data", metavar="DIR", default=None,
+                   help="dataset folder for --workload (MNIST, tinyshakespeare)")
+    p.add_argument("--corpus", default=None, metavar="NAME|FILE",
+                   help="--workload char-gpt: pystdlib (default), tinyshakespeare or a text file")
+    p.add_argument("--context", type=int, default=None, metavar="T",
+                   help="--workload char-gpt: tokens per window (default 128)")
+    p.add_argument("--max-bytes", type=int, default=None, metavar="B",
+                   help="--workload char-gpt: bytes of the pystdlib corpus (default 1048576)")
     p.add_argument("--device", default="auto", help="auto | cpu | cuda")
     p.add_argument("--json", metavar="PATH", default=None, help="write the result here (atomic)")
     add_report_option(p)
@@ -52,6 +61,10 @@ def _targets(args: argparse.Namespace, need_model: bool):
     problems = []
     if args.workload is None and args.dataset is None:
         problems.append("give --dataset MODULE:FACTORY (or --workload mnist-mlp).")
+    if args.workload is None and _workload_options(args):
+        flags = ", ".join("--" + k.replace("_", "-") for k in _workload_options(args))
+        problems.append(f"{flags}: options of --workload char-gpt, which is not given; add "
+                        "--workload char-gpt, or drop them.")
     if args.workload is not None and args.dataset is not None:
         problems.append("give --dataset or --workload, not both.")
     if args.dataset is not None:
@@ -67,26 +80,36 @@ def _targets(args: argparse.Namespace, need_model: bool):
         raise ConfigError(problems)
     if args.workload is not None:
         return _workload(args)
+    from torch.nn.functional import cross_entropy
+
     model = build_model(args.model) if args.model else None
-    return build_dataset(args.dataset), model
+    return build_dataset(args.dataset), model, cross_entropy
+
+
+def _workload_options(args: argparse.Namespace) -> dict:
+    return {k: v for k, v in (("corpus", args.corpus), ("context", args.context),
+                              ("max_bytes", args.max_bytes)) if v is not None}
 
 
 def _workload(args: argparse.Namespace):
+    """The workload's per-sample (baseline) dataset, its model unless --model, and its loss (a
+    language model's N x T x V logits need its own loss, not cross_entropy on N x C)."""
     from looptune.bench.workloads import get_workload
     from looptune.data.loaders import per_sample_dataset
 
     spec = get_workload(args.workload)
-    train, _ = spec.load(data_dir=args.data)
-    model = build_model(args.model) if args.model else spec.build_model()
-    return per_sample_dataset(train), model  # the workload's per-sample (baseline) pipeline
+    options = spec.check_options(_workload_options(args))  # --corpus to mnist-cnn: refused
+    train, _ = spec.load(data_dir=args.data, **options)  # a bad corpus/context: named, with the fix
+    model = build_model(args.model) if args.model else spec.build_model(**options)
+    return per_sample_dataset(train), model, spec.loss_fn
 
 
 def run_loader(args: argparse.Namespace) -> int:
     from looptune.tune.loader import tune_loader
 
-    dataset, model = _targets(args, need_model=False)
-    result = tune_loader(dataset, batch_size=args.batch_size, model=model, device=args.device,
-                         budget_s=args.budget_s)
+    dataset, model, loss_fn = _targets(args, need_model=False)
+    result = tune_loader(dataset, batch_size=args.batch_size, model=model, loss_fn=loss_fn,
+                         device=args.device, budget_s=args.budget_s)
     console = _console()
     console.print(_decisions_table(result.decisions))
     console.print(f"measured {len(result.trials)} settings in {result.elapsed_s:.1f} s"
@@ -99,8 +122,8 @@ def run_loader(args: argparse.Namespace) -> int:
 def run_batch(args: argparse.Namespace) -> int:
     from looptune.tune.batch import tune_batch_size
 
-    dataset, model = _targets(args, need_model=True)
-    result = tune_batch_size(model, dataset, device=args.device,
+    dataset, model, loss_fn = _targets(args, need_model=True)
+    result = tune_batch_size(model, dataset, loss_fn=loss_fn, device=args.device,
                              max_memory_fraction=args.max_memory_fraction,
                              keep_effective=args.keep_effective, budget_s=args.budget_s)
     console = _console()

@@ -14,13 +14,29 @@ from looptune.measure.timing import sync
 __all__ = ["alloc_retries", "environment", "matmul_rate", "memory_limit"]
 
 
-@functools.lru_cache(maxsize=4)
-def matmul_rate(device: torch.device, n: int = 1024, reps: int = 5) -> float:
+def matmul_rate(device: torch.device, n: int = 1024, reps: int = 5,
+                threads: int | None = None) -> float:
     """FLOP/s of an n x n fp32 matmul on ``device``, measured (best of ``reps``, after a warm-up).
 
     The yardstick for "compute" vs "overhead": a step whose FLOPs run far below this rate spends
-    its time on something other than arithmetic.
+    its time on something other than arithmetic. ``threads``: the CPU intra-op threads to measure
+    with, the script's own (a script that calls ``torch.set_num_threads(1)`` is compared with
+    one core's rate, not with this process's); None: the current setting.
     """
+    now = torch.get_num_threads()
+    threads = now if threads is None or device.type != "cpu" else threads
+    if threads == now:
+        return _matmul_rate(device, n, reps, threads)
+    torch.set_num_threads(threads)
+    try:
+        return _matmul_rate(device, n, reps, threads)
+    finally:
+        torch.set_num_threads(now)
+
+
+@functools.lru_cache(maxsize=8)
+def _matmul_rate(device: torch.device, n: int, reps: int, threads: int) -> float:
+    """:func:`matmul_rate` at the current thread count (``threads``: part of the cache key)."""
     a = torch.randn(n, n, device=device)
     b = torch.randn(n, n, device=device)
     a @ b  # warm-up: library initialization, not arithmetic

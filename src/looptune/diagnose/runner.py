@@ -140,8 +140,11 @@ def _run_once(target, args, *, module, steps, warmup, seconds, trace_dir,
     # a rank of a distributed job: also time its waits on the other ranks (CPU/gloo only)
     waits = RankWaits(enabled=device.type == "cpu" and launched_rank()[1] > 1)
 
+    threads: list[int] = []  # the script's intra-op threads (it may set its own), at its last step
+
     def on_step(n: int) -> None:
         waits.end_step()  # first: schedule.on_step may end the script
+        threads[:] = [torch.get_num_threads()]
         schedule.on_step(n)
 
     probes = StepProbes(on_step=on_step)
@@ -163,11 +166,12 @@ def _run_once(target, args, *, module, steps, warmup, seconds, trace_dir,
             error = "".join(traceback.format_exception_only(type(exc), exc)).strip()
         finally:
             schedule.close()
-    return _collect(schedule, probes, error=error, oom=oom, device=device, waits=waits.per_step)
+    return _collect(schedule, probes, error=error, oom=oom, device=device, waits=waits.per_step,
+                    threads=threads[0] if threads else None)
 
 
 def _collect(schedule: Schedule, probes: StepProbes, *, error, oom, device,
-             waits: list[float] | None = None) -> _Run:
+             waits: list[float] | None = None, threads: int | None = None) -> _Run:
     samples = probes.samples
     if not samples:
         raise MeasurementError(
@@ -182,7 +186,8 @@ def _collect(schedule: Schedule, probes: StepProbes, *, error, oom, device,
     measurements = Measurements(
         steps=measured, warmup_steps=schedule.warmup,
         loaders=[probes.loaders[k] for k in sorted(probes.loaders, key=lambda k: -probes.batches[k])],
-        flops_per_step=schedule.flops, matmul_flops_per_s=env_probe.matmul_rate(device),
+        flops_per_step=schedule.flops,
+        matmul_flops_per_s=env_probe.matmul_rate(device, threads=threads),  # the script's threads
         peak_mem_bytes=mem.peak_bytes, mem_limit_bytes=env_probe.memory_limit(device),
         alloc_retries=env_probe.alloc_retries(device), oom=oom, env=env_probe.environment(device))
     wait_s = None if waits is None or len(waits) != len(samples) else waits[window]

@@ -92,36 +92,58 @@ def _same(group: list[RunResult]) -> str:
 
 
 def _accuracy(results: BenchResults) -> Section | None:
+    """The workload's metric at each evaluation against training time: accuracy in %, any other
+    metric (char-gpt's val_loss) in its own units; the target line in the same units."""
     runs = [r for r in results.runs if r.evals]
     if not runs:
         return None
-    target = next((r.target_accuracy for r in runs if r.target_accuracy is not None), None)
-    series = [_accuracy_series(r) for r in runs]
+    spec = runs[0].metric_spec
+    scale = 100 if spec.fraction else 1  # a fraction (accuracy) is shown in percent
+    target = next((r.target for r in runs if r.target is not None), None)
+    series = [_accuracy_series(r, scale) for r in runs]
     xs = [x for s in series for x in s.x if x > 0]
     log = 10 if xs and max(xs) / min(xs) > 20 else None
     if log:
         series = [plots.Series(s.label, *_positive(s.x, s.y), s.marks) for s in series]
-    hlines = [(100 * target, f"target {100 * target:g}%")] if target is not None else []
-    png = plots.lines(series, title="Test accuracy against training time",
+    hlines = ([(scale * target, f"target {spec.format_target(target)}")]
+              if target is not None else [])
+    what, ylabel, heading, png_name = _metric_words(spec.name, spec.fraction)
+    png = plots.lines(series, title=f"{what[0].upper()}{what[1:]} against training time",
                       xlabel="training time, s" + (" (log scale)" if log else ""),
-                      ylabel="test accuracy, %", hlines=hlines, logx=log, ylim0=False)
-    caption = ("Each point is an evaluation of the test set (its time is not counted as "
-               "training). " + ("A star marks the first evaluation at or above the target. "
-                                if target is not None else ""))
-    return Section("Accuracy against training time",
-                   [Figure("accuracy.png", "test accuracy over training time per recipe",
-                           caption.strip(), png)])
+                      ylabel=ylabel, hlines=hlines, logx=log, ylim0=False)
+    direction = "above" if spec.higher_is_better else "below"
+    caption = ("Each point is an evaluation (its time is not counted as training). "
+               + (f"A star marks the first evaluation at or {direction} the target. "
+                  if target is not None else ""))
+    return Section(f"{heading} against training time",
+                   [Figure(png_name, f"{what} over training time per recipe", caption.strip(),
+                           png)])
 
 
-def _accuracy_series(run: RunResult) -> plots.Series:
+def _metric_words(name: str, fraction: bool) -> tuple[str, str, str, str]:
+    """(what, y label, section heading, PNG file name) for a metric."""
+    if name == "accuracy":
+        return "test accuracy", "test accuracy, %", "Accuracy", "accuracy.png"
+    if name == "val_loss":
+        return ("validation loss", "validation loss, nats per token (lower is better)",
+                "Validation loss", "val_loss.png")
+    return name, f"{name}, %" if fraction else name, name, f"{name}.png"
+
+
+def _accuracy_series(run: RunResult, scale: float = 100) -> plots.Series:
     xs = [e["train_s"] for e in run.evals]
-    ys = [100 * e["accuracy"] for e in run.evals]
+    ys = [scale * _value(e) for e in run.evals]
     marks = []
     if run.time_to_target_s is not None:
         hit = next((e for e in run.evals if e["train_s"] >= run.time_to_target_s - 1e-9), None)
         if hit is not None:
-            marks.append((hit["train_s"], 100 * hit["accuracy"], ""))
+            marks.append((hit["train_s"], scale * _value(hit), ""))
     return plots.Series(run.recipe, xs, ys, marks)
+
+
+def _value(entry: dict[str, Any]) -> float:
+    """An evaluation's metric value (results written before metrics had only "accuracy")."""
+    return entry["metric"] if "metric" in entry else entry["accuracy"]
 
 
 def _positive(xs, ys) -> tuple[list[float], list[float]]:

@@ -220,7 +220,14 @@ def _gain(new: dict, old: dict) -> float:
 def _search_workers(search: _Search, bound: int, cores: int) -> tuple[list[Decision], dict]:
     best = search.measure(num_workers=0)
     if best["status"] != "ok":
-        raise ConfigError(f"the dataset cannot be loaded even in the main process: {best['reason']}")
+        if search.model is None:
+            raise ConfigError(f"the dataset cannot be loaded even in the main process: "
+                              f"{best['reason']}")
+        loss = getattr(search.loss_fn, "__name__", type(search.loss_fn).__name__)
+        raise ConfigError(  # the step, not the loading, may be what failed: say both
+            f"loading a batch in the main process and training a step with loss_fn={loss} "
+            f"failed: {best['reason']}. Check that loss_fn fits the model's outputs (a language "
+            "model's N x T x V logits need its own loss), or measure loading only (no model).")
     tried, k = [best], 1
     while k <= bound and not search.over_budget():
         trial = search.measure(num_workers=k)
