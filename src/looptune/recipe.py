@@ -14,8 +14,8 @@ from typing import Any, Literal, get_args
 from looptune.errors import ConfigError
 
 __all__ = [
-    "Strategy", "Decode", "LossSync", "Precision", "CompileMode", "OptimizerName", "OptimizerImpl",
-    "ScheduleName", "Decision", "LoaderConfig", "StepConfig", "OptimConfig", "ScheduleConfig",
+    "Strategy", "Decode", "LossSync", "Precision", "CompileMode", "Attention", "OptimizerName",
+    "OptimizerImpl", "ScheduleName", "Decision", "LoaderConfig", "StepConfig", "OptimConfig", "ScheduleConfig",
     "Recipe", "with_overrides",
 ]
 
@@ -35,6 +35,8 @@ LossSync = Literal["step", "epoch"]
 Precision = Literal["fp32", "bf16", "fp16"]
 # torch.compile mode; "off" runs eagerly.
 CompileMode = Literal["off", "default", "reduce-overhead", "max-autotune"]
+# torch.nn.functional.scaled_dot_product_attention's kernel: "auto" = PyTorch's own choice
+Attention = Literal["auto", "math", "flash", "efficient", "cudnn"]
 OptimizerName = Literal["sgd", "adam", "adamw"]
 # auto: torch's default; foreach: one kernel per op over all params; fused: one kernel per step;
 # for-loop: per-parameter ops (the slowest, the most portable).
@@ -101,11 +103,13 @@ class StepConfig:
     compile: CompileMode = "off"  # torch.compile mode; compile time is reported apart
     cuda_graphs: bool = False  # capture the whole step once, replay it: no per-kernel launches
     channels_last: bool = False  # conv nets: NHWC weights and 4-D inputs (oneDNN's and cuDNN's fast layout)
+    attention: Attention = "auto"  # the kernel behind F.scaled_dot_product_attention (sdpa_kernel)
     max_consecutive_skips: int = 20  # fp16: stop after this many overflow-skipped steps in a row
     stop_on_nonfinite: bool = True  # stop at a NaN/inf loss, naming epoch, step and batch
 
     def problems(self) -> list[str]:
-        out = _literal_problems(self, {"precision": Precision, "compile": CompileMode})
+        out = _literal_problems(self, {"precision": Precision, "compile": CompileMode,
+                                      "attention": Attention})
         if not _is_int(self.accumulate) or self.accumulate < 1:
             out.append(f"accumulate={self.accumulate!r} is invalid: must be an integer >= 1 "
                        "(1 = an optimizer step per batch).")

@@ -35,6 +35,11 @@ def resolve(recipe: Recipe, device_type: str, world_size: int = 1,
     decisions: list[Decision] = []
     loader = _resolve_loader(recipe, device_type, decisions)
     step = _resolve_precision(recipe, device_type, decisions)
+    if step.attention in ("efficient", "cudnn") and device_type != "cuda":
+        decisions.append(Decision("attention", "auto", reason=(
+            f"attention={step.attention!r} is a CUDA kernel of scaled_dot_product_attention; on "
+            f"{device_type} only 'math' and 'flash' exist, so PyTorch picks between them")))
+        step = dataclasses.replace(step, attention="auto")
     if (world_size > 1 if ddp is None else ddp) and step.cuda_graphs:
         step = dataclasses.replace(step, cuda_graphs=False)
         decisions.append(Decision("cuda_graphs", False, reason=(

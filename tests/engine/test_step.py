@@ -159,3 +159,52 @@ def test_graphed_step_matches_eager_on_cuda():
         torch.testing.assert_close(s_e(xs, ys), s_g(xs, ys).clone(), rtol=1e-4, atol=1e-5)
     for p, q in zip(eager.parameters(), graphed.parameters()):
         torch.testing.assert_close(p, q, rtol=1e-4, atol=1e-5)
+
+
+class _Attn(torch.nn.Module):
+    """Causal self-attention through F.scaled_dot_product_attention, then a linear read-out."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.qkv, self.out = torch.nn.Linear(8, 24), torch.nn.Linear(8, 3)
+
+    def forward(self, x):
+        q, k, v = (z.unsqueeze(1) for z in self.qkv(x).split(8, dim=-1))
+        y = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return self.out(y.squeeze(1)[:, -1])
+
+
+def _sdpa_ops(cfg: StepConfig) -> set[str]:
+    step = Stepper(model=_Attn(), optimizer=torch.optim.SGD(_Attn().parameters(), lr=0.1),
+                   scheduler=None, cfg=cfg, device=CPU, loss_fn=torch.nn.functional.cross_entropy)
+    x, y = torch.randn(4, 16, 8), torch.randint(0, 3, (4,))
+    with torch.profiler.profile() as prof:
+        step(x, y)
+    return {e.key for e in prof.key_averages() if "scaled_dot_product" in e.key}
+
+
+def test_attention_switch_pins_the_sdpa_kernel():
+    auto, math = _sdpa_ops(StepConfig(precision="bf16")), _sdpa_ops(
+        StepConfig(precision="bf16", attention="math"))
+    assert any("flash" in op for op in auto), auto  # PyTorch's own CPU choice
+    assert any("math" in op for op in math) and not any("flash" in op for op in math), math
+
+
+def test_cuda_only_attention_kernel_on_cpu_falls_back_with_the_reason():
+    step = _stepper(_Attn(), StepConfig(attention="efficient"))
+    loss = step(torch.randn(4, 16, 8), torch.randint(0, 3, (4,)))
+    assert torch.isfinite(loss)
+    assert any("attention='efficient' is a CUDA kernel" in n for n in step.stats.notes)
+
+
+def test_unknown_attention_kernel_is_refused_with_the_allowed_values():
+    problems = StepConfig(attention="fast").problems()
+    assert any("attention='fast' is invalid" in p and "'math'" in p for p in problems)
+
+
+def test_resolve_downgrades_a_cuda_attention_kernel_on_cpu_with_a_decision():
+    recipe = dataclasses.replace(RECIPES["device"], step=StepConfig(attention="cudnn"))
+    resolved, decisions = resolve(recipe, "cpu")
+    assert resolved.step.attention == "auto"
+    assert any(d.name == "attention" and "CUDA kernel" in d.reason for d in decisions)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import importlib
 import json
 import math
 import random
@@ -27,6 +28,7 @@ from looptune.bench.workloads import MNIST_MEAN, MNIST_STD
 from looptune.cli.main import main
 from looptune.data import text
 from looptune.data.loaders import BatchedData, ImageData
+from looptune.errors import ConfigError
 from looptune.presets import REGISTRIES, get_recipe
 from looptune.report.render import columns
 
@@ -447,13 +449,23 @@ def test_tune_refuses_bad_workload_options(capsys, monkeypatch, argv, message):
     assert code == 2 and message in err
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason=(
-    "known bug: char-gpt's fast recipe warms up for 20 steps; on a corpus giving fewer optimizer "
-    "steps its schedule error (warmup_steps=20 exceeds the run's N optimizer steps) is raised "
-    "only when fast starts, after baseline has trained. The preflight (cli/bench.py / "
-    "bench/runner.py) should check it; drop this marker once it does"))
 def test_warmup_longer_than_the_run_is_refused_before_training(capsys, tmp_path, no_training):
     small = tmp_path / "small.txt"
     small.write_text(_english(40))  # ~1.6 KB: 5 steps of 32 windows of 32 tokens
     code, _, err = _cli(capsys, "bench", "gpt", "--corpus", small, "--context", "32")
     assert code == 2 and "warmup_steps=20" in err
+
+
+def test_bench_api_refuses_a_warmup_longer_than_the_run_before_any_recipe_trains(
+        tmp_path, monkeypatch):
+    small = tmp_path / "small.txt"
+    small.write_text(_english(40))
+
+    def forbidden(*_, **__):
+        raise AssertionError("baseline trained before fast's schedule was checked")
+
+    runner = importlib.import_module("looptune.bench.runner")  # looptune.bench is the function
+    monkeypatch.setattr(runner, "run_recipe", forbidden)
+    with pytest.raises(ConfigError, match=r"recipe 'fast': warmup_steps=20 exceeds the run's"):
+        looptune.bench(workload="char-gpt", recipes=["baseline", "fast"], epochs=1, device="cpu",
+                       corpus=str(small), context=32)

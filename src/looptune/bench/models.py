@@ -58,20 +58,9 @@ class _Attention(nn.Module):
         b, t, c = x.shape
         q, k, v = self.qkv(x).split(c, dim=2)
         q, k, v = (z.view(b, t, self.n_head, c // self.n_head).transpose(1, 2) for z in (q, k, v))
-        y = _attention_fp32(q, k, v).to(q.dtype)
+        # nanoGPT's "flash" path; which kernel runs is the recipe's choice (StepConfig.attention)
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
         return self.proj(y.transpose(1, 2).contiguous().view(b, t, c))
-
-
-def _attention_fp32(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-    """Causal softmax attention computed in fp32 even under bf16/fp16 autocast (the linear
-    layers around it still run in low precision). Softmax in fp32 is the usual mixed-precision
-    practice, and on a CPU it is also the faster choice: torch 2.13's flash-attention backward
-    for bf16 ran 4.6x slower than for fp32 here (benchmarks/char_lm.py notes the measurement).
-    A no-op in fp32."""
-    if q.device.type == "cuda":  # GPUs have fast low-precision attention kernels: keep them
-        return F.scaled_dot_product_attention(q, k, v, is_causal=True)
-    with torch.autocast(q.device.type, enabled=False):
-        return F.scaled_dot_product_attention(q.float(), k.float(), v.float(), is_causal=True)
 
 
 class _Block(nn.Module):

@@ -18,6 +18,7 @@ from looptune.data.loaders import ImageData
 from looptune.dist import context as dist_context
 from looptune.dist.context import DEFAULT_TIMEOUT_S, DistContext
 from looptune.dist.ddp import sharded_mean
+from looptune.engine import schedule
 from looptune.engine.device import device_problem, device_type, resolve_device
 from looptune.engine.loop import Progress, RunOptions, train
 from looptune.errors import ConfigError
@@ -28,7 +29,7 @@ from looptune.presets import default_recipes, get_recipe, recipe_names
 from looptune.recipe import Recipe
 from looptune.resolve import resolve
 
-__all__ = ["bench", "run_recipe", "check_bench_args"]
+__all__ = ["bench", "run_recipe", "check_bench_args", "schedule_problems"]
 
 ProgressFactory = Callable[[Recipe, int], Progress]  # (recipe, total steps) -> progress sink
 
@@ -56,6 +57,20 @@ def check_bench_args(*, recipes: Sequence[str | Recipe], options: RunOptions,
     if device_issue:
         problems.append(device_issue)
     return problems
+
+
+def schedule_problems(recipes: Sequence[Recipe], *, epochs: int, train_size: int,
+                      world_size: int = 1) -> list[str]:
+    """Each recipe's LR-schedule problems for a run of ``epochs`` over ``train_size`` samples
+    (e.g. a warm-up longer than the run), so that a bench refuses them before any recipe trains
+    rather than when the recipe that has them starts."""
+    out = []
+    for r in recipes:
+        batches = loaders.rank_num_batches(train_size, r.loader.batch_size, r.loader.drop_last,
+                                           world_size)
+        total = epochs * -(-batches // r.step.accumulate)  # the loop's optimizer steps
+        out += [f"recipe {r.name!r}: {p}" for p in schedule.problems(r.schedule, total)]
+    return out
 
 
 def run_recipe(workload: Workload, recipe: Recipe, *, train_data: ImageData,
@@ -158,6 +173,9 @@ def bench(*, workload: str = "mnist-mlp", recipes: Sequence[str | Recipe] | None
     try:
         dev = dist_context.rank_device(dev, ctx)
         train_data, test_data = spec.load(data_dir=data_dir, **wl_options)
+        if problems := schedule_problems(chosen, epochs=options.epochs,
+                                         train_size=len(train_data), world_size=ctx.world_size):
+            raise ConfigError(problems)
         _warm_up(spec, train_data, dev, wl_options)
         trials: list[list[RunResult]] = [[] for _ in chosen]
         for _ in range(repeats):  # interleaved: drifts in machine speed hit every recipe alike

@@ -63,7 +63,8 @@ class Workload:
     options: dict[str, Any] = field(default_factory=dict)  # workload options and their defaults
     unit: str = "samples"  # what samples/s counts (a token window is a sample of `context` tokens)
     data_info: Callable[..., dict[str, Any]] | None = None  # data_info(data_dir=, **options)
-    check_data: Callable[..., None] = None  # type: ignore[assignment]  # raises before training
+    # check_data(data_dir=, **options) -> training samples; raises before any training
+    check_data: Callable[..., int] = None  # type: ignore[assignment]
     recipe_set: str = "mnist-mlp"  # whose recipes it runs (looptune.presets.REGISTRIES key)
 
     def check_options(self, given: dict[str, Any]) -> dict[str, Any]:
@@ -128,15 +129,17 @@ def _corpus(spec: str, data_dir: str | None, max_bytes: int):
     return text.load_corpus(spec, data_dir=data_dir, max_bytes=max_bytes)
 
 
-def _check_mnist(*, data_dir: str | None = None) -> None:
+def _check_mnist(*, data_dir: str | None = None) -> int:
     from looptune.data import mnist
 
-    mnist.verify(data_dir)
+    mnist.verify(data_dir)  # checksums: the files hold exactly the published counts
+    return mnist.COUNTS["train"]
 
 
 def _check_text(*, data_dir: str | None = None, corpus: str = "pystdlib", context: int = 128,
-                max_bytes: int = 1 << 20) -> None:
-    """The corpus exists, is text, and both splits hold at least one window of ``context``."""
+                max_bytes: int = 1 << 20) -> int:
+    """The corpus exists, is text, and both splits hold at least one window of ``context``;
+    returns the training windows."""
     from looptune.data import text
 
     _check_context_option(context)
@@ -146,6 +149,7 @@ def _check_text(*, data_dir: str | None = None, corpus: str = "pystdlib", contex
     train_tokens, val_tokens = text.split_tokens(_corpus(corpus, data_dir, max_bytes))
     for which, tokens in (("train", train_tokens), ("val", val_tokens)):
         text.check_context(context, len(tokens), which)
+    return (len(train_tokens) - 1) // context  # text.token_windows' count
 
 
 def _text_info(*, data_dir: str | None = None, corpus: str = "pystdlib", context: int = 128,

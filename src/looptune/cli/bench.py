@@ -18,7 +18,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from looptune._io import writable_problem
 from looptune.bench.results import BenchResults
-from looptune.bench.runner import bench, check_bench_args
+from looptune.bench.runner import bench, check_bench_args, schedule_problems
 from looptune.bench.workloads import ALIASES, WORKLOADS, get_workload
 from looptune.cli.report import add_report_option, print_written, report_problems
 from looptune.data import mnist
@@ -26,7 +26,7 @@ from looptune.dist.context import DEFAULT_TIMEOUT_S, env_world_size, timeout_pro
 from looptune.dist.launch import launch, nproc_problem
 from looptune.engine.device import DeviceChoice, device_type
 from looptune.errors import ConfigError, DataError, MeasurementError
-from looptune.presets import REGISTRIES, default_recipes, parse_recipes
+from looptune.presets import REGISTRIES, default_recipes, get_recipe, parse_recipes
 from looptune.engine.run_state import RunOptions
 from looptune.recipe import Recipe, with_overrides
 from looptune.report.build import save_and_render
@@ -134,12 +134,28 @@ def _preflight(args: argparse.Namespace) -> tuple[list[Recipe], RunOptions]:
     problems += report_problems(args.report)
     if known:
         try:  # the data last: it may read a corpus or hash the MNIST files
-            workload.check_data(data_dir=args.data, **wl_options)
+            train_size = workload.check_data(data_dir=args.data, **wl_options)
         except (DataError, ConfigError) as err:
             problems += getattr(err, "problems", None) or [str(err)]
+        else:
+            problems += _schedule_problems(recipes, workload, options, train_size, args)
     if problems:
         raise ConfigError(problems)
     return recipes, options
+
+
+def _schedule_problems(recipes, workload, options, train_size: int, args) -> list[str]:
+    """The recipes' LR schedules against the run's optimizer steps (a 20-step warm-up cannot
+    fit a 5-step run): refused now, not when that recipe's turn comes after others trained."""
+    try:
+        dev = device_type(args.device)
+        chosen = [r if isinstance(r, Recipe) else get_recipe(r, dev, workload.recipe_set)
+                  for r in recipes]
+    except ConfigError:
+        return []  # already reported by check_bench_args
+    world = args.nproc or env_world_size()
+    return schedule_problems(chosen, epochs=options.epochs, train_size=train_size,
+                             world_size=world)
 
 
 class _Bar:

@@ -10,6 +10,7 @@ whose lr is a device tensor (so schedules update it in place).
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 
 import torch
@@ -30,11 +31,12 @@ class GraphedStep:
 
     def __init__(self, *, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
                  loss_fn: LossFn, example: tuple[torch.Tensor, torch.Tensor],
-                 precision: str) -> None:
+                 precision: str, attention=contextlib.nullcontext) -> None:
         from looptune.engine.step import autocast  # step imports this module
 
         self.model, self.optimizer, self.loss_fn = model, optimizer, loss_fn
         self._autocast = lambda: autocast(example[0].device, precision, cache=False)
+        self._attention = attention  # a context factory pinning the SDPA kernel (or a no-op)
         self.static_x, self.static_y = example[0].clone(), example[1].clone()
         saved = _snapshot(model, optimizer)  # warm-up updates must not count as training
         self._warm_up()
@@ -54,7 +56,7 @@ class GraphedStep:
         return self.static_loss
 
     def _forward_backward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        with self._autocast():
+        with self._autocast(), self._attention():
             loss = self.loss_fn(self.model(x), y)
         loss.backward()
         return loss.detach()

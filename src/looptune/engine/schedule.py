@@ -32,7 +32,7 @@ import torch
 from looptune.errors import ConfigError
 from looptune.recipe import ScheduleConfig, ScheduleName
 
-__all__ = ["build_scheduler", "lr_factor"]
+__all__ = ["build_scheduler", "lr_factor", "problems"]
 
 _ONECYCLE_START = 1 / 25  # torch OneCycleLR div_factor=25
 _ONECYCLE_END = _ONECYCLE_START / 1e4  # torch OneCycleLR final_div_factor=1e4
@@ -57,12 +57,12 @@ def lr_factor(step: int, *, total_steps: int, cfg: ScheduleConfig) -> float:
         >>> [round(lr_factor(s, total_steps=110, cfg=cfg), 3) for s in (0, 9, 60, 110)]
         [0.1, 1.0, 0.5, 0.0]
     """
-    problems = _problems(cfg, total_steps)
+    found = problems(cfg, total_steps)
     if not _is_int(step) or step < 0:
-        problems.append(f"step={step!r} is invalid: must be an integer >= 0 (the 0-based "
-                        "optimizer step index).")
-    if problems:
-        raise ConfigError(problems)
+        found.append(f"step={step!r} is invalid: must be an integer >= 0 (the 0-based "
+                     "optimizer step index).")
+    if found:
+        raise ConfigError(found)
     return _factor(step, total_steps=total_steps, cfg=cfg)
 
 
@@ -101,16 +101,17 @@ def build_scheduler(optimizer: torch.optim.Optimizer, cfg: ScheduleConfig, *,
         >>> opt.param_groups[0]["lr"]
         0.05
     """
-    problems = _problems(cfg, total_steps)
-    if problems:
-        raise ConfigError(problems)
+    found = problems(cfg, total_steps)
+    if found:
+        raise ConfigError(found)
     # A partial, not a lambda: it pickles, and LambdaLR saves its (empty) __dict__ rather than
     # the function, so the saved state stays plain data.
     factor = functools.partial(_factor, total_steps=total_steps, cfg=cfg)
     return torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda=factor)
 
 
-def _problems(cfg: ScheduleConfig, total_steps: int) -> list[str]:
+def problems(cfg: ScheduleConfig, total_steps: int) -> list[str]:
+    """Every problem of ``cfg`` for a run of ``total_steps`` optimizer steps (empty if none)."""
     out = cfg.problems()
     if not _is_int(total_steps) or total_steps < 1:
         out.append(f"total_steps={total_steps!r} is invalid: must be an integer >= 1, the run's "

@@ -19,7 +19,7 @@ from looptune.engine import graphs
 from looptune.errors import MeasurementError
 from looptune.recipe import StepConfig
 
-__all__ = ["StepStats", "Stepper", "autocast"]
+__all__ = ["StepStats", "Stepper", "autocast", "attention_kernel"]
 
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 _DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
@@ -48,6 +48,28 @@ def autocast(device: torch.device, precision: str, *, cache: bool = True):
     return torch.autocast(device.type, dtype=_DTYPES[precision], cache_enabled=cache)
 
 
+_SDPA_BACKENDS = {"math": "MATH", "flash": "FLASH_ATTENTION", "efficient": "EFFICIENT_ATTENTION",
+                  "cudnn": "CUDNN_ATTENTION"}
+_CUDA_ONLY = ("efficient", "cudnn")
+
+
+def attention_kernel(choice: str, device: torch.device, stats: StepStats | None = None):
+    """A factory of contexts that pin ``F.scaled_dot_product_attention`` to one kernel
+    (``torch.nn.attention.sdpa_kernel``); "auto" leaves PyTorch's own choice. A CUDA-only kernel
+    asked for on another device falls back to "auto", with the reason in ``stats.notes``."""
+    if choice == "auto":
+        return contextlib.nullcontext
+    if choice in _CUDA_ONLY and device.type != "cuda":
+        if stats is not None:
+            stats.notes.append(f"attention={choice!r} is a CUDA kernel; on {device.type} "
+                               "PyTorch picked the attention kernel itself")
+        return contextlib.nullcontext
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    backend = getattr(SDPBackend, _SDPA_BACKENDS[choice])
+    return lambda: sdpa_kernel(backend)
+
+
 class Stepper:
     """``stepper(x, y, boundary=False) -> loss``: forward, backward, and every ``accumulate``
     micro-batches (or at ``boundary``, the epoch's last batch) an optimizer + schedule step.
@@ -65,7 +87,8 @@ class Stepper:
         self._consecutive = torch.zeros((), dtype=torch.int64, device=device)
         self.stats.skipped_steps = torch.zeros((), dtype=torch.int64, device=device)
         self._micro = 0
-        self._forward = _compiled(model, cfg.compile, self.stats)
+        self._forward_loss = _compiled(model, loss_fn, cfg.compile, self.stats)
+        self._attention = attention_kernel(cfg.attention, device, self.stats)
         self._graph: graphs.GraphedStep | None = None
 
     def __call__(self, x: torch.Tensor, y: torch.Tensor, *, boundary: bool = False) -> torch.Tensor:
@@ -82,8 +105,8 @@ class Stepper:
         steps_now = self._micro + 1 == k or boundary
         # DDP: a micro-step that does not step keeps its gradients local (no all-reduce)
         with ddp.no_sync(self.model, skip=not steps_now):
-            with autocast(self.device, self.cfg.precision):
-                loss = self.loss_fn(self._forward(x), y)
+            with autocast(self.device, self.cfg.precision), self._attention():
+                loss = self._forward_loss(x, y)
             scaled = loss / k if k > 1 else loss  # mean over the effective batch, not the sum
             (self.scaler.scale(scaled) if self.scaler else scaled).backward()
         self._micro += 1
@@ -143,7 +166,7 @@ class Stepper:
     def _fall_back_to_eager(self, err: Exception) -> None:
         self.stats.compile_fallback = (f"torch.compile(mode={self.cfg.compile!r}) failed, ran "
                                        f"eagerly instead: {type(err).__name__}: {err}"[:500])
-        self._forward = self.model
+        self._forward_loss = _eager(self.model, self.loss_fn)
         self.optimizer.zero_grad(set_to_none=True)  # drop anything the failed step accumulated
         self._micro = 0
 
@@ -151,7 +174,8 @@ class Stepper:
         if self._graph is None:
             self._graph = graphs.GraphedStep(model=self.model, optimizer=self.optimizer,
                                              loss_fn=self.loss_fn, example=(x, y),
-                                             precision=self.cfg.precision)
+                                             precision=self.cfg.precision,
+                                             attention=self._attention)
         loss = self._graph(x, y)
         if self.scheduler is not None:
             self.scheduler.step()  # updates the lr tensor in place: the graph reads it on replay
@@ -166,14 +190,28 @@ def _scale_of(scaler: torch.amp.GradScaler) -> torch.Tensor:
     return torch.tensor(scaler.get_scale())  # sync: fallback if torch changes GradScaler's internals
 
 
-def _compiled(model: torch.nn.Module, mode: str, stats: StepStats):
+def _eager(model: torch.nn.Module, loss_fn: LossFn) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
+    return lambda x, y: loss_fn(model(x), y)
+
+
+def _compiled(model: torch.nn.Module, loss_fn: LossFn, mode: str, stats: StepStats):
+    """The forward and loss as one callable, compiled unless ``mode`` is "off".
+
+    The loss is compiled with the model (one graph, as nanoGPT's model returns its loss): a
+    compiled model whose bf16 logits leave the graph before an eager cross-entropy ran slower
+    than eager on a CPU, while the whole forward+loss ran 1.2x faster (benchmarks/char_lm.py
+    probes). A DDP-wrapped model is compiled alone, so dynamo's DDP graph splitting applies.
+    """
     if mode == "off":
-        return model
+        return _eager(model, loss_fn)
+    options = {"mode": None if mode == "default" else mode}
     try:
-        return torch.compile(model, mode=None if mode == "default" else mode)
+        if isinstance(model, torch.nn.parallel.DistributedDataParallel):
+            return _eager(torch.compile(model, **options), loss_fn)
+        return torch.compile(_eager(model, loss_fn), **options)
     except Exception as err:  # e.g. an unsupported Python version raises at torch.compile()
         stats.compile_fallback = f"torch.compile unavailable, ran eagerly: {type(err).__name__}: {err}"
-        return model
+        return _eager(model, loss_fn)
 
 
 def _graph_count() -> int:
