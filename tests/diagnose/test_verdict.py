@@ -175,9 +175,36 @@ def test_step_near_the_matmul_rate_is_compute_on_cuda():
     assert "tf32_off" not in _names(v)
 
 
-def test_compute_bound_cpu_gets_a_cautious_bf16_remedy():
-    v = analyze(_m(_steps(step_s=0.050), env=_cpu(), flops_per_step=2e9, matmul_flops_per_s=1e11))
+def test_compute_bound_cpu_remedies_are_bounded_by_the_measured_rates():
+    # 50 ms of compute; 2e9 FLOP at the fp32 rate 1e11 = 20 ms of matmul, 30 ms of the rest
+    v = analyze(_m(_steps(step_s=0.050), env=_cpu(), flops_per_step=2e9, matmul_flops_per_s=1e11,
+                   bf16_matmul_flops_per_s=2.5e11))
     assert v.bottleneck == "compute"
+    (precision,) = _by_kind(v, "precision")
+    assert precision.expected_speedup == round(50 / (50 - 20 * (1 - 1e11 / 2.5e11)), 2)  # 1.32
+    assert "250 GFLOP/s vs fp32 100" in precision.reason and "sdpa_kernel" not in precision.action
+    (compile_,) = _by_kind(v, "compile")
+    assert compile_.expected_speedup == round(50 / (50 - 30 * 0.2), 2)  # 1.14
+    assert "torch.compile" in compile_.action and "30.000 ms" in compile_.reason
+    assert v.remedies == [precision, compile_]  # ranked by the bound
+
+
+def test_cpu_bf16_remedy_pins_the_math_attention_kernel_when_the_step_runs_cpu_flash():
+    v = analyze(_m(_steps(step_s=0.050), env=_cpu(), flops_per_step=2e9, matmul_flops_per_s=1e11,
+                   bf16_matmul_flops_per_s=2.5e11,
+                   ops=frozenset({"mm", "_scaled_dot_product_flash_attention_for_cpu"})))
+    (precision,) = _by_kind(v, "precision")
+    assert "sdpa_kernel(SDPBackend.MATH)" in precision.action and "backward is slow" in precision.reason
+
+
+def test_cpu_without_a_faster_bf16_matmul_gets_no_bf16_remedy():
+    v = analyze(_m(_steps(step_s=0.050), env=_cpu(), flops_per_step=2e9, matmul_flops_per_s=1e11,
+                   bf16_matmul_flops_per_s=0.9e11))
+    assert not _by_kind(v, "precision") and _by_kind(v, "compile")
+
+
+def test_compute_bound_cpu_without_rates_gets_a_cautious_bf16_remedy():
+    v = analyze(_m(_steps(step_s=0.050), env=_cpu(), flops_per_step=2e9))
     (precision,) = v.remedies
     assert "AMX" in precision.action and precision.expected_speedup == 1.25  # 1/(1 - 1.0 x 0.2)
 

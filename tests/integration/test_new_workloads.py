@@ -374,8 +374,9 @@ def test_diagnose_char_lm_loop_is_not_data_loading(monkeypatch):
     from looptune.diagnose import env
 
     measured_with, real = [], env._matmul_rate
-    monkeypatch.setattr(env, "_matmul_rate", lambda device, n, reps, threads: (
-        measured_with.append((threads, torch.get_num_threads())) or real(device, n, reps, threads)))
+    monkeypatch.setattr(env, "_matmul_rate", lambda device, n, reps, threads, dtype: (
+        measured_with.append((threads, torch.get_num_threads(), dtype))
+        or real(device, n, reps, threads, dtype)))
     torch.set_num_threads(2)  # the module's one_thread fixture restores 1 below
     try:
         d = looptune.diagnose(str(SCRIPTS / "char_lm_loop.py"), steps=10, warmup=3)
@@ -384,12 +385,15 @@ def test_diagnose_char_lm_loop_is_not_data_loading(monkeypatch):
         torch.set_num_threads(1)
     print("char_lm_loop:", d.bottleneck, _shares(d), f"{d.step_ms:.2f} ms/step",
           d.evidence.get("reason"), d.remedies[0].action if d.remedies else None)
-    assert measured_with == [(1, 1)]
+    assert measured_with == [(1, 1, torch.float32), (1, 1, torch.bfloat16)]
     # slicing a window is cheap next to a transformer step: the time is in the step. Measured on
     # a quiet 2-core VM: compute (55-64% of the 1-thread matmul rate, threshold 35%); a busy
     # machine slows the step more than the best-of-5 matmul, so overhead is accepted too
     assert d.bottleneck in {"compute", "overhead"}, (d.shares, d.evidence)
     assert d.shares["data_wait"] < 0.1 and d.loaders[0].dataset == "TokenWindowDataset"
+    if d.bottleneck == "compute":  # the GPT's SDPA runs the CPU flash kernel: bf16 pins math
+        bf16 = [r for r in d.remedies if r.kind == "precision"]
+        assert bf16 and "sdpa_kernel(SDPBackend.MATH)" in bf16[0].action, d.remedies
 
 
 # --- 8. bad input: refused before any training, the value named, the fix given ------------------

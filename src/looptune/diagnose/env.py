@@ -15,8 +15,9 @@ __all__ = ["alloc_retries", "environment", "matmul_rate", "memory_limit"]
 
 
 def matmul_rate(device: torch.device, n: int = 1024, reps: int = 5,
-                threads: int | None = None) -> float:
-    """FLOP/s of an n x n fp32 matmul on ``device``, measured (best of ``reps``, after a warm-up).
+                threads: int | None = None, dtype: torch.dtype = torch.float32) -> float:
+    """FLOP/s of an n x n matmul (fp32 unless ``dtype``) on ``device``, measured (best of
+    ``reps``, after a warm-up).
 
     The yardstick for "compute" vs "overhead": a step whose FLOPs run far below this rate spends
     its time on something other than arithmetic. ``threads``: the CPU intra-op threads to measure
@@ -26,19 +27,20 @@ def matmul_rate(device: torch.device, n: int = 1024, reps: int = 5,
     now = torch.get_num_threads()
     threads = now if threads is None or device.type != "cpu" else threads
     if threads == now:
-        return _matmul_rate(device, n, reps, threads)
+        return _matmul_rate(device, n, reps, threads, dtype)
     torch.set_num_threads(threads)
     try:
-        return _matmul_rate(device, n, reps, threads)
+        return _matmul_rate(device, n, reps, threads, dtype)
     finally:
         torch.set_num_threads(now)
 
 
 @functools.lru_cache(maxsize=8)
-def _matmul_rate(device: torch.device, n: int, reps: int, threads: int) -> float:
+def _matmul_rate(device: torch.device, n: int, reps: int, threads: int,
+                 dtype: torch.dtype = torch.float32) -> float:
     """:func:`matmul_rate` at the current thread count (``threads``: part of the cache key)."""
-    a = torch.randn(n, n, device=device)
-    b = torch.randn(n, n, device=device)
+    a = torch.randn(n, n, device=device, dtype=dtype)
+    b = torch.randn(n, n, device=device, dtype=dtype)
     a @ b  # warm-up: library initialization, not arithmetic
     best = float("inf")
     for _ in range(reps):

@@ -62,6 +62,8 @@ class Measurements:
     loaders: list[LoaderInfo] = field(default_factory=list)
     flops_per_step: float | None = None  # FlopCounterMode count of one training step
     matmul_flops_per_s: float | None = None  # measured rate of a large matmul on this device
+    bf16_matmul_flops_per_s: float | None = None  # the same matmul in bf16 (CPU: measured too)
+    ops: frozenset[str] = frozenset()  # aten ops of the FLOP-counted step (e.g. the SDPA kernel)
     peak_mem_bytes: int | None = None
     mem_limit_bytes: int | None = None  # device memory (CUDA) or physical RAM (CPU)
     alloc_retries: int = 0  # CUDA caching-allocator retries (cudaMalloc failed, cache flushed)

@@ -188,6 +188,9 @@ def _collect(schedule: Schedule, probes: StepProbes, *, error, oom, device,
         loaders=[probes.loaders[k] for k in sorted(probes.loaders, key=lambda k: -probes.batches[k])],
         flops_per_step=schedule.flops,
         matmul_flops_per_s=env_probe.matmul_rate(device, threads=threads),  # the script's threads
+        bf16_matmul_flops_per_s=(env_probe.matmul_rate(device, threads=threads, dtype=torch.bfloat16)
+                                 if device.type == "cpu" else None),
+        ops=schedule.ops,
         peak_mem_bytes=mem.peak_bytes, mem_limit_bytes=env_probe.memory_limit(device),
         alloc_retries=env_probe.alloc_retries(device), oom=oom, env=env_probe.environment(device))
     wait_s = None if waits is None or len(waits) != len(samples) else waits[window]

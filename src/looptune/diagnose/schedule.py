@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from looptune.measure.memory import PeakMemory
 from looptune.measure.probes import StopScript
@@ -33,6 +34,7 @@ class Schedule:
     trace_dir: Path | None
     device: torch.device
     flops: float | None = None
+    ops: frozenset[str] = frozenset()  # aten op names of the FLOP-counted step
     device_busy_s: float | None = None  # CUDA: kernel time per step, from the profiler window
     first_measured: int | None = None  # 0-based index of the first measured sample
     stopped: str = "script_ended"
@@ -40,6 +42,7 @@ class Schedule:
     trace: dict[str, Any] | None = None
     memory: PeakMemory | None = None
     _flop_mode: Any = None
+    _op_names: Any = None
     _profiler: Any = None
     _t_measure: float = 0.0
     _exit_stack: list[Callable[[], None]] = field(default_factory=list)
@@ -86,8 +89,13 @@ class Schedule:
 
         self._flop_mode = FlopCounterMode(display=False)
         self._flop_mode.__enter__()
+        self._op_names = _OpNames()
+        self._op_names.__enter__()
 
     def _stop_flops(self) -> None:
+        if self._op_names is not None:
+            self._op_names.__exit__(None, None, None)
+            self.ops, self._op_names = frozenset(self._op_names.names), None
         if self._flop_mode is not None:
             self._flop_mode.__exit__(None, None, None)
             self.flops = float(self._flop_mode.get_total_flops()) or None
@@ -129,6 +137,18 @@ class Schedule:
         if self._profiler is not None:
             self._profiler.stop()
             self._profiler = None
+
+
+class _OpNames(TorchDispatchMode):
+    """Records the name of every aten op dispatched (e.g. which attention kernel ran)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.names: set[str] = set()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.names.add(func._overloadpacket.__name__)
+        return func(*args, **(kwargs or {}))
 
 
 def _kernel_seconds(events) -> float:

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from statistics import median
 from typing import Any
 
+from looptune.diagnose.cpu_compute import cpu_compute_remedies
 from looptune.diagnose.findings import REMEDY_SHARE, _gib, _mib, _overhead_share
 from looptune.diagnose.findings import findings as _findings
 from looptune.diagnose.model import PHASES, Measurements, Remedy, StepSample, Verdict
@@ -249,7 +250,7 @@ def _remedies(m: Measurements, p: _Profile, bottleneck: str, timing: str) -> lis
     if timing == "overhead":
         speedups += _overhead_remedies(m, p, memory_bound=bottleneck == "memory")
     elif timing == "compute":
-        speedups += _compute_remedies(p)
+        speedups += _compute_remedies(m, p)
     kept = [r for r in speedups if r.expected_speedup >= MIN_SPEEDUP]
     ranked = sorted(kept, key=lambda r: -r.expected_speedup)  # stable: ties keep rule order
     return (_memory_remedies(m, p) if bottleneck == "memory" else []) + ranked
@@ -355,16 +356,13 @@ def _overhead_remedies(m: Measurements, p: _Profile, *, memory_bound: bool) -> l
     return out
 
 
-def _compute_remedies(p: _Profile) -> list[Remedy]:
+def _compute_remedies(m: Measurements, p: _Profile) -> list[Remedy]:
     c = p.shares["compute"]
     if p.on_cuda:
         return [_remedy("bf16 autocast: torch.autocast('cuda', dtype=torch.bfloat16)", c, 0.5,
                         f"compute is {c:.1%} of the step; bf16 tensor cores roughly halve it: "
                         f"1/(1 - {c:.4f} x 0.5)", "precision")]
-    return [_remedy("bf16 autocast (torch.autocast('cpu', dtype=torch.bfloat16)) only if the CPU "
-                    "has AMX/avx512_bf16; measure", c, 0.2,
-                    f"compute is {c:.1%} of the step; without bf16 matmul units bf16 can be "
-                    f"slower, so a low bound: 1/(1 - {c:.4f} x 0.2)", "precision")]
+    return cpu_compute_remedies(m, step_s=p.step_s, compute_s=p.phase_s["compute"])
 
 
 def _memory_remedies(m: Measurements, p: _Profile) -> list[Remedy]:

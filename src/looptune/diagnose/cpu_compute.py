@@ -1,0 +1,69 @@
+"""Remedies for a CPU step whose time goes to compute, each bounded by rates measured here.
+
+The step's FLOPs (FlopCounterMode) at the measured fp32 matmul rate give the time its matmuls
+need; the rest of the compute time is element-wise work, norms, softmax and per-op dispatch.
+bf16 can only shorten the first part, by the measured bf16/fp32 matmul ratio; torch.compile
+mainly the second, by fusing it. Neither bound is a guess about this CPU: both rates are
+measured where the script runs, at its thread count.
+"""
+
+from __future__ import annotations
+
+from looptune.diagnose.model import Measurements, Remedy
+
+__all__ = ["cpu_compute_remedies", "FUSABLE_FRACTION", "SDPA_FLASH_CPU"]
+
+# Assumed share of the non-matmul compute that inductor's fusion removes: low on purpose. An fp32
+# byte-level GPT on a 2-core Zen 4 measured 1.07x from compile alone where 0.5 would have promised
+# 1.38x (benchmarks/char_lm.py); with bf16 autocast, compile also fuses the casts and gained more.
+FUSABLE_FRACTION = 0.2
+SDPA_FLASH_CPU = "_scaled_dot_product_flash_attention_for_cpu"
+_MIN_BF16_GAIN = 1.1  # a bf16 matmul rate below 1.1x the fp32 one: no bf16 remedy
+
+
+def cpu_compute_remedies(m: Measurements, *, step_s: float, compute_s: float) -> list[Remedy]:
+    """bf16 autocast and torch.compile remedies for a CPU step, with measured bounds; the
+    fallback (no FLOP count or rates) is a low bound for bf16 alone."""
+    fp32, bf16, flops = m.matmul_flops_per_s, m.bf16_matmul_flops_per_s, m.flops_per_step
+    if not (fp32 and flops and step_s > 0):
+        c = compute_s / step_s if step_s > 0 else 0.0
+        return [_bounded(
+            "bf16 autocast (torch.autocast('cpu', dtype=torch.bfloat16)) only if the CPU has "
+            "AMX/avx512_bf16; measure", step_s, c * step_s * 0.2,
+            f"compute is {c:.1%} of the step; the FLOPs or matmul rates are unknown, so a low "
+            f"bound: 1/(1 - {c:.4f} x 0.2)")]
+    matmul_s = min(compute_s, flops / fp32)
+    out = []
+    if bf16 and bf16 >= _MIN_BF16_GAIN * fp32:
+        saved = matmul_s * (1 - fp32 / bf16)
+        action = "bf16 autocast: torch.autocast('cpu', dtype=torch.bfloat16)"
+        note = ""
+        if SDPA_FLASH_CPU in m.ops:
+            action += (", with torch.nn.attention.sdpa_kernel(SDPBackend.MATH) around the "
+                       "forward (looptune step.attention=math)")
+            note = ("; the step runs scaled_dot_product_attention's CPU flash kernel, whose bf16 "
+                    "backward is slow: pin the math kernel with bf16")
+        out.append(_bounded(action, step_s, saved, (
+            f"bf16 matmuls measured {bf16 / 1e9:.3g} GFLOP/s vs fp32 {fp32 / 1e9:.3g} here; the "
+            f"step's {flops:.3g} FLOP need {matmul_s * 1e3:.3f} ms at the fp32 rate, "
+            f"{matmul_s * (fp32 / bf16) * 1e3:.3f} ms at the bf16 rate: saves "
+            f"{saved * 1e3:.3f} of {step_s * 1e3:.3f} ms (an estimate: bf16 also halves the bytes "
+            f"of element-wise ops, which this leaves out){note}")))
+    rest_s = compute_s - matmul_s
+    if rest_s > 0:
+        out.append(_bounded(
+            "torch.compile the forward and the loss as one function: "
+            "torch.compile(lambda x, y: loss_fn(model(x), y)) (looptune step.compile=default)",
+            step_s, rest_s * FUSABLE_FRACTION, (
+                f"compute beyond the matmuls' time at the measured rate is {rest_s * 1e3:.3f} ms "
+                f"({rest_s / step_s:.1%} of the step): element-wise ops, norms, softmax and "
+                f"per-op dispatch, which inductor fuses; assumed {FUSABLE_FRACTION:.0%} of it "
+                "goes (more with bf16 autocast, whose casts fuse too). Compiling takes tens of "
+                "seconds once (reported apart)")))
+    return out
+
+
+def _bounded(action: str, step_s: float, saved_s: float, reason: str) -> Remedy:
+    speedup = step_s / max(step_s - saved_s, 1e-12)
+    return Remedy(action=action, expected_speedup=round(speedup, 2), reason=reason,
+                  kind="precision" if action.startswith("bf16") else "compile")
