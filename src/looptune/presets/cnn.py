@@ -5,8 +5,11 @@ it with torchvision); looptune's recipes augment whole batches with tensor ops o
 
 from __future__ import annotations
 
+import dataclasses
+
 from looptune.presets.preset import Preset
-from looptune.recipe import Decision, LoaderConfig, OptimConfig, Recipe, StepConfig
+from looptune.recipe import (Decision, LoaderConfig, OptimConfig, Recipe, ScheduleConfig,
+                             StepConfig)
 
 __all__ = ["RECIPES", "DEFAULT_BENCH"]
 
@@ -40,6 +43,27 @@ def _fast(device_type: str) -> Recipe:
         loss_sync="epoch", reasons=reasons)
 
 
+def _tta(device_type: str) -> Recipe:
+    fast = _fast(device_type)
+    grid = ("a grid of batch {128, 256, 512} x one-cycle peak lr {4e-3 .. 3.2e-2} x {1, 2, 3} "
+            "epochs against fast (looptune.bench side by side, single runs, a 2-core AMD EPYC "
+            "Zen 4 VM, torch 2.13 CPU)")
+    reasons = fast.reasons[:1] + fast.reasons[2:] + (
+        Decision("loader.batch_size", 128, reason=(
+            f"{grid}: batch 128 at 1.6e-2 ended 2 epochs at 97.97% (5.6 s of training); 256 at "
+            "3.2e-2 at 97.81% (5.4 s) with less margin; 512 stayed below 97.5%")),
+        Decision("schedule", "onecycle (AdamW 1.6e-2, a quarter rising)", reason=(
+            "fast's constant Adam 2e-3 ended 2 epochs at 97.30%: the high peak and the anneal "
+            "reach 97.5% an epoch sooner; one epoch was not enough (97.46%)")),
+        Decision("epochs", 2, reason="tuned for --epochs 2: the one-cycle spans the whole run"),
+    )
+    return dataclasses.replace(
+        fast, name="tta", description="least training time to 97.5% test accuracy (--epochs 2)",
+        loader=dataclasses.replace(fast.loader, batch_size=128),
+        optim=OptimConfig(name="adamw", impl="fused", lr=1.6e-2, weight_decay=1e-4),
+        schedule=ScheduleConfig(name="onecycle", pct_start=0.25), reasons=reasons)
+
+
 _BASE = ("small conv net, per-sample RandomAffine(10 deg, 0.1, 0.9-1.1) + ToTensor + Normalize "
          "in the Dataset, Adam 1e-3, batch 64, loss.item() every step")
 RECIPES: dict[str, Recipe | Preset] = {r.name: r for r in [
@@ -51,5 +75,7 @@ RECIPES: dict[str, Recipe | Preset] = {r.name: r for r in [
                        "batches there (affine_grid + grid_sample); batch 64, Adam 1e-3",
            loader=LoaderConfig(strategy="device", decode="tensorized")),
     Preset("fast", "batched on-device augmentation, batch 256, channels_last (CPU)", _fast),
+    Preset("tta", "least time to 97.5% test accuracy: fast's pipeline, batch 128, one-cycle "
+           "AdamW 1.6e-2 (--epochs 2)", _tta),
 ]}
 DEFAULT_BENCH = ("baseline", "workers", "batched-aug", "fast")

@@ -1,0 +1,56 @@
+"""The recipe registries of every workload: valid on both device types, every preset choice with
+its reason, and the time-to-target presets differing from ``fast`` only where they say."""
+
+import dataclasses
+
+import pytest
+
+from looptune.presets import REGISTRIES, get_recipe, recipe_names
+from looptune.presets.preset import Preset
+from looptune.resolve import resolve
+
+
+@pytest.mark.parametrize("workload", sorted(REGISTRIES))
+@pytest.mark.parametrize("device_type", ["cpu", "cuda"])
+def test_every_recipe_is_valid_and_every_preset_choice_has_a_reason(workload, device_type):
+    registry = REGISTRIES[workload][0]
+    for name in recipe_names(workload):
+        recipe = get_recipe(name, device_type, workload)
+        recipe.validate()
+        if device_type == "cpu":
+            resolve(recipe, "cpu")  # nothing CPU-impossible (e.g. CUDA graphs) in a CPU preset
+        if isinstance(registry[name], Preset):
+            assert recipe.reasons, f"{workload}/{name} has no reasons"
+            assert all(d.reason.strip() for d in recipe.reasons), f"{workload}/{name}"
+
+
+def _diff(a, b) -> dict:
+    out = {}
+    for part in ("loader", "step", "optim", "schedule"):
+        x, y = dataclasses.asdict(getattr(a, part)), dataclasses.asdict(getattr(b, part))
+        out |= {f"{part}.{k}": y[k] for k in x if x[k] != y[k]}
+    return out
+
+
+def test_cnn_tta_is_fast_with_batch_128_and_a_one_cycle_adamw():
+    fast, tta = get_recipe("fast", "cpu", "mnist-cnn"), get_recipe("tta", "cpu", "mnist-cnn")
+    diff = _diff(fast, tta)
+    assert diff.pop("loader.batch_size") == 128
+    assert diff.pop("optim.name") == "adamw" and diff.pop("optim.lr") == 1.6e-2
+    assert diff.pop("optim.weight_decay") == 1e-4
+    assert diff.pop("schedule.name") == "onecycle" and tta.schedule.pct_start == 0.25
+    assert diff == {}
+    named = {d.name for d in tta.reasons}
+    assert {"loader.batch_size", "schedule", "epochs"} <= named
+
+
+def test_lm_tta_is_fast_at_peak_lr_2e_3_only():
+    fast, tta = get_recipe("fast", "cpu", "char-gpt"), get_recipe("tta", "cpu", "char-gpt")
+    assert _diff(fast, tta) == {"optim.lr": 2e-3}
+    assert any(d.name == "optim.lr" and "2e-3" in d.reason for d in tta.reasons)
+
+
+def test_lm_fast_pins_the_math_attention_kernel_on_cpu_only():
+    cpu, cuda = get_recipe("fast", "cpu", "char-gpt"), get_recipe("fast", "cuda", "char-gpt")
+    assert cpu.step.attention == "math" and cuda.step.attention == "auto"
+    assert cpu.step.compile == cuda.step.compile == "default" and cpu.step.precision == "bf16"
