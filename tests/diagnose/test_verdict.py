@@ -77,6 +77,18 @@ def test_62_percent_data_wait_is_data_loading_with_amdahl_bounds():
     _assert_ranked(v)
 
 
+def test_a_random_per_sample_transform_gets_batched_device_augmentation_not_pre_decoding():
+    v = analyze(_m(_steps(9, step_s=0.1, data_wait_s=0.062),
+                   loaders=[_loader(num_workers=0, random_per_sample=True)], env=_cpu(cores=4)))
+    (batched,) = _by_kind(v, "tensorized")
+    assert "augment whole batches on the device" in batched.action
+    assert "pre-decode" not in batched.action and "read twice differed" in batched.reason
+    assert batched.expected_speedup == round(1 / (1 - 0.62 * 0.85), 2)
+    plain = analyze(_m(_steps(9, step_s=0.1, data_wait_s=0.062),
+                       loaders=[_loader(num_workers=0, random_per_sample=False)], env=_cpu(cores=4)))
+    assert "pre-decode" in _by_kind(plain, "tensorized")[0].action
+
+
 def test_amdahl_bounds():
     assert amdahl(0.62) == pytest.approx(1 / 0.38) and round(amdahl(0.62), 1) == 2.6
     assert amdahl(0.5, 0.5) == pytest.approx(1 / 0.75)

@@ -364,7 +364,10 @@ def test_diagnose_per_sample_augmentation_is_data_loading():
     assert d.bottleneck == "data_loading", (d.shares, d.evidence)
     assert d.shares["data_wait"] > 0.5 and d.steps_measured == 15
     assert d.loaders[0].dataset == "AugmentedDigits" and d.loaders[0].num_workers == 0
+    assert d.loaders[0].random_per_sample is True  # RandomAffine: dataset[0] differs per read
     assert d.remedies and d.remedies[0].expected_speedup > 1.5
+    batched = [r for r in d.remedies if r.kind == "tensorized"]
+    assert batched and "augment whole batches on the device" in batched[0].action
 
 
 def test_diagnose_char_lm_loop_is_not_data_loading(monkeypatch):

@@ -27,6 +27,43 @@ def test_one_sample_per_optimizer_step_with_data_wait_and_loader_settings():
     assert info.batch_bytes == 16 * (4 * 4 + 8)
 
 
+class _Jitter(torch.utils.data.Dataset):
+    """A per-sample random transform, as an augmenting Dataset applies one."""
+
+    def __len__(self):
+        return 64
+
+    def __getitem__(self, i):
+        return torch.full((4,), float(i)) + torch.randn(4), i % 2
+
+
+def test_a_random_per_sample_transform_is_detected_without_moving_the_rng():
+    def run(dataset):
+        torch.manual_seed(0)
+        with StepProbes() as probes:
+            model = torch.nn.Linear(4, 2)
+            opt = torch.optim.SGD(model.parameters(), lr=0.1)
+            for x, y in DataLoader(dataset, batch_size=16):
+                opt.zero_grad()
+                torch.nn.functional.cross_entropy(model(x), y).backward()
+                opt.step()
+        (info,) = probes.loaders.values()
+        return info, torch.randn(1)  # the script's random stream after the run
+
+    random_info, after = run(_Jitter())
+    assert random_info.random_per_sample is True
+    torch.manual_seed(0)  # the same run without probes: the same random stream
+    model = torch.nn.Linear(4, 2)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for x, y in DataLoader(_Jitter(), batch_size=16):
+        opt.zero_grad()
+        torch.nn.functional.cross_entropy(model(x), y).backward()
+        opt.step()
+    assert torch.equal(torch.randn(1), after)
+    plain, _ = run(TensorDataset(torch.randn(64, 4), torch.randint(0, 2, (64,))))
+    assert plain.random_per_sample is False
+
+
 def test_on_step_can_stop_the_loop_and_everything_is_restored():
     seen = []
 

@@ -40,6 +40,8 @@ class LoaderInfo:
     persistent_workers: bool
     dataset: str  # type name of the dataset
     batch_bytes: int | None = None  # bytes of one collated batch (tensors only), if seen
+    # dataset[0] read twice gave different tensors: a random per-sample transform (augmentation)
+    random_per_sample: bool | None = None
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -265,13 +265,25 @@ def _data_remedies(m: Measurements, p: _Profile) -> list[Remedy]:
     s = p.shares["data_wait"]
     if s < REMEDY_SHARE:
         return []
-    reason = (f"data wait is {s:.1%} of the step ({p.phase_s['data_wait'] * 1e3:.3f} ms); removing "
-              f"all of it bounds the step at {amdahl(s):.2f}x; indexing a pre-decoded tensor "
-              f"leaves ~10% of it: 1/(1 - {s:.4f} x 0.9)")
+    head = (f"data wait is {s:.1%} of the step ({p.phase_s['data_wait'] * 1e3:.3f} ms); removing "
+            f"all of it bounds the step at {amdahl(s):.2f}x; ")
+    if m.loaders and m.loaders[0].random_per_sample:  # augmentation: nothing to pre-decode once
+        action = ("augment whole batches on the device: keep the un-augmented images as one "
+                  "uint8 tensor, gather batches by index and apply the same random transforms to "
+                  "each batch with tensor ops (affine_grid + grid_sample, torchvision.transforms.v2 "
+                  "on batched tensors, kornia or DALI); looptune recipe 'batched-aug'")
+        reason = head + (f"{m.loaders[0].dataset}[0] read twice differed, so its per-sample "
+                         "transform is random and cannot be pre-computed once; the batched "
+                         f"transform itself is assumed to keep ~15% of the wait: 1/(1 - {s:.4f} "
+                         "x 0.85)")
+        fraction = 0.85
+    else:
+        action = ("pre-decode the dataset into a tensor and gather batches by index (looptune "
+                  "recipe 'tensorized' / 'device')")
+        reason = head + f"indexing a pre-decoded tensor leaves ~10% of it: 1/(1 - {s:.4f} x 0.9)"
+        fraction = 0.9
     # kind "tensorized", not "loader": --verify applies only DataLoader(...) keyword arguments
-    return [_remedy("pre-decode the dataset into a tensor and gather batches by index (looptune "
-                    "recipe 'tensorized' / 'device')", s, 0.9, reason, "tensorized"),
-            *_workers_remedy(m, p, s)]
+    return [_remedy(action, s, fraction, reason, "tensorized"), *_workers_remedy(m, p, s)]
 
 
 def _workers_remedy(m: Measurements, p: _Profile, s: float) -> list[Remedy]:

@@ -196,15 +196,18 @@ def _targets_cuda(name: str, args: tuple, kwargs: dict) -> bool:
 
 def _loader_info(loader: DataLoader) -> LoaderInfo:
     workers = loader.num_workers
+    batch_bytes, random = _first_sample(loader)
     return LoaderInfo(batch_size=loader.batch_size, num_workers=workers,
                       pin_memory=bool(loader.pin_memory),
                       prefetch_factor=loader.prefetch_factor if workers > 0 else None,
                       persistent_workers=bool(loader.persistent_workers),
-                      dataset=type(loader.dataset).__name__, batch_bytes=_first_batch_bytes(loader))
+                      dataset=type(loader.dataset).__name__, batch_bytes=batch_bytes,
+                      random_per_sample=random)
 
 
-def _first_batch_bytes(loader: DataLoader) -> int | None:
-    """Bytes of one batch, estimated from one sample x batch size (no batch is drawn twice).
+def _first_sample(loader: DataLoader) -> tuple[int | None, bool | None]:
+    """Bytes of one batch, estimated from one sample x batch size (no batch is drawn twice), and
+    whether ``dataset[0]`` read twice differs: a random per-sample transform (augmentation).
 
     The RNG states are restored afterwards: a random augmentation in ``__getitem__`` must not
     shift the script's random stream (the probes must not change its results).
@@ -214,12 +217,28 @@ def _first_batch_bytes(loader: DataLoader) -> int | None:
     saved = rng_state()
     try:
         sample = loader.dataset[0]
+        again = loader.dataset[0]  # the RNG has moved on: a random transform draws anew
     except Exception:  # iterable datasets, or __getitem__ that needs more: unknown
-        return None
+        return None, None
     finally:
         set_rng_state(saved)
     size = _tensor_bytes(sample)
-    return None if size == 0 or loader.batch_size is None else size * loader.batch_size
+    batch_bytes = None if size == 0 or loader.batch_size is None else size * loader.batch_size
+    return batch_bytes, _differs(sample, again)
+
+
+def _differs(a: Any, b: Any) -> bool | None:
+    """Whether two samples' tensors differ (None when they hold no tensor to compare)."""
+    if isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor):
+        return a.shape != b.shape or not torch.equal(a, b)
+    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)) and len(a) == len(b):
+        found = [_differs(x, y) for x, y in zip(a, b)]
+    elif isinstance(a, dict) and isinstance(b, dict) and a.keys() == b.keys():
+        found = [_differs(a[k], b[k]) for k in a]
+    else:
+        return None
+    known = [f for f in found if f is not None]
+    return any(known) if known else None
 
 
 def _tensor_bytes(obj: Any) -> int:
