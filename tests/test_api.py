@@ -3,6 +3,7 @@ import torch
 from torch.utils.data import DataLoader, TensorDataset
 
 import looptune
+from looptune.errors import ConfigError
 from looptune.recipe import LoaderConfig, OptimConfig, Recipe
 
 
@@ -73,3 +74,37 @@ def test_samples_that_are_not_pairs_get_a_clear_error():
 
     with pytest.raises(looptune.ConfigError, match=r"\(input, target\) pairs"):
         looptune.train(_model(), Singles(), recipe="device", loss_fn=CE, device="cpu")
+
+
+def test_raw_uint8_images_into_a_conv_net_are_refused_before_training_with_the_fix(monkeypatch):
+    def forbidden(**_):
+        raise AssertionError("trained despite inputs the model cannot take")
+
+    monkeypatch.setattr("looptune.api.run_loop", forbidden)
+    images = torch.randint(0, 255, (64, 1, 28, 28), dtype=torch.uint8)
+    ds = torch.utils.data.TensorDataset(images, torch.randint(0, 10, (64,)))
+    model = torch.nn.Sequential(torch.nn.Conv2d(1, 4, 3), torch.nn.BatchNorm2d(4),
+                                torch.nn.Flatten(), torch.nn.LazyLinear(10))
+    with pytest.raises(ConfigError, match=r"torch.uint8 \(shape \(1, 28, 28\)\).*torch.float32"
+                                          r".*mean=\.\.\., std=\.\.\.") as err:
+        looptune.train(model, ds, loss_fn=torch.nn.functional.cross_entropy, device="cpu")
+    assert "forward on two samples raised RuntimeError" in str(err.value)
+    assert model.training and model[1].num_batches_tracked == 0  # eval mode: BN stats untouched
+
+
+def test_integer_token_ids_into_an_embedding_model_train():
+    tokens = torch.randint(0, 50, (64, 8), dtype=torch.uint8)
+    model = torch.nn.Sequential(torch.nn.Embedding(50, 16), torch.nn.Flatten(),
+                                torch.nn.Linear(128, 4))
+    ds = torch.utils.data.TensorDataset(tokens, torch.randint(0, 4, (64,)))
+
+    class Long(torch.nn.Module):  # embeddings want int64: the model converts, as the GPT does
+        def __init__(self):
+            super().__init__()
+            self.net = model
+
+        def forward(self, x):
+            return self.net(x.long())
+
+    res = looptune.train(Long(), ds, loss_fn=torch.nn.functional.cross_entropy, device="cpu")
+    assert res.optimizer_steps > 0

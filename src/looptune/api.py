@@ -12,8 +12,8 @@ from torch.utils.data import DataLoader, Dataset
 
 from looptune.data import loaders
 from looptune.data.loaders import BatchedData, ImageData, has_get_batch
-from looptune.data.user import (UserLoaderSource, is_map_dataset, is_stream, split_sample,
-                                tensorize, to_device)
+from looptune.data.user import (UserLoaderSource, check_integer_inputs, is_map_dataset,
+                                is_stream, split_sample, tensorize, to_device)
 from looptune.dist import context as dist_context
 from looptune.dist.context import DEFAULT_TIMEOUT_S, DistContext
 from looptune.engine.device import device_problem, resolve_device
@@ -101,11 +101,12 @@ def train(model: torch.nn.Module, train_data: Dataset | DataLoader | ImageData, 
     ctx = dist_context.init(dev, timeout_s=dist_timeout_s)  # no-op unless launched distributed
     dev = dist_context.rank_device(dev, ctx)
     resolved, decisions = resolve(recipe, dev.type, ctx.world_size, ddp=ctx.enabled)
+    model.to(dev)
+    check_integer_inputs(model, train_data, dev)  # raw uint8 images into a conv net: say so now
     t0 = time.perf_counter()
     source = _source(train_data, resolved, dev, seed, ctx, steps_per_epoch)
     sync(dev)  # sync: the dataset copy to the device belongs to setup, not to epoch 1
     setup_s = time.perf_counter() - t0
-    model.to(dev)
     score = None if eval_data is None else _evaluator(eval_data, metric, dev)
     result = run_loop(model=model, source=source, recipe=resolved, loss_fn=loss_fn, device=dev,
                       options=options, evaluate=score, setup_s=setup_s, decisions=decisions,

@@ -15,7 +15,7 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader, Dataset, IterableDataset
 
-from looptune.data.loaders import Batch, ImageData
+from looptune.data.loaders import Batch, BatchedData, ImageData
 from looptune.errors import ConfigError
 
 __all__ = ["UserLoaderSource", "tensorize", "is_map_dataset", "is_stream", "split_sample",
@@ -146,3 +146,60 @@ def _has_len(obj: object) -> bool:
     except TypeError:
         return False
     return True
+
+
+def check_integer_inputs(model: torch.nn.Module, train_data: Any, device: torch.device) -> None:
+    """Refuse integer inputs the model cannot take, with the fix, before any training.
+
+    Token ids (an embedding's input) are integers on purpose, so nothing is assumed: when the
+    first two training inputs are integer tensors (e.g. raw uint8 images from
+    ``looptune.open_packed``), the model runs them once, without gradients and in eval mode (no
+    BatchNorm statistics move); if that fails, the error says which dtypes met and how to fix it.
+
+    Raises:
+        ConfigError: the model's forward fails on the integer inputs.
+    """
+    x = _first_inputs(train_data)
+    if not isinstance(x, torch.Tensor) or x.is_floating_point() or x.is_complex():
+        return
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.no_grad():
+            model(x.to(device))
+    except (RuntimeError, TypeError) as err:
+        params = next((p.dtype for p in model.parameters() if p.is_floating_point()), None)
+        raise ConfigError(
+            f"the model cannot take the training inputs as they are: they are {x.dtype} "
+            f"(shape {tuple(x.shape[1:])}) and the model's parameters {params}; its forward on "
+            f"two samples raised {type(err).__name__}: {str(err).splitlines()[0][:200]}. Raw "
+            "uint8 images need scaling to floats: pass ImageData(images, labels, mean=..., "
+            "std=...) (normalized per batch on the device), or convert in the Dataset "
+            "(x.float() / 255). Integer inputs are fine for a model that embeds them (token "
+            "ids).") from err
+    finally:
+        model.train(was_training)
+
+
+def _first_inputs(data: Any) -> Any:
+    """The first two samples' inputs, as a batch; None where reading them is not cheap or safe
+    (DataLoaders and streams are read only by the run itself)."""
+    from looptune.engine.checkpoint import rng_state, set_rng_state
+
+    saved = rng_state()  # a random per-sample transform must not shift the run's random stream
+    try:
+        if isinstance(data, ImageData):
+            return None if data.mean is not None else data.images[:2]
+        if isinstance(data, BatchedData) or isinstance(data, DataLoader) or is_stream(data):
+            return None
+        if hasattr(data, "get_batch"):
+            return split_sample(data.get_batch([0, min(1, len(data) - 1)]), "a batch")[0]
+        if is_map_dataset(data) and len(data) > 0:
+            firsts = [split_sample(data[i], "a sample")[0] for i in range(min(2, len(data)))]
+            if all(isinstance(f, torch.Tensor) for f in firsts):
+                return torch.stack(firsts)
+    except Exception:  # a dataset that cannot be read this way: the run will say what is wrong
+        return None
+    finally:
+        set_rng_state(saved)
+    return None
