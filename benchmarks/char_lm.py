@@ -31,7 +31,9 @@ EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "char_lm.py"
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--corpus", default="pystdlib")
-    p.add_argument("--max-bytes", type=int, default=1 << 19, help="pystdlib bytes (default 512 KiB)")
+    p.add_argument("--max-bytes", type=int, default=1 << 20, help="pystdlib bytes (default 1 MiB)")
+    p.add_argument("--target", type=float, default=2.2,
+                   help="validation loss whose training time each recipe reports (default 2.2)")
     p.add_argument("--context", type=int, default=128)
     p.add_argument("--epochs", type=int, default=1)
     p.add_argument("--repeats", type=int, default=1)
@@ -46,10 +48,12 @@ def main(argv: list[str] | None = None) -> int:
     diagnosis = _diagnose(args.corpus, size, steps=6 if args.smoke else 15)
     base = get_recipe("baseline", dev, "char-gpt")
     remedies = [(r, _as_recipe(base, r)) for r in diagnosis.remedies[:2]]
-    recipes = [base, *(recipe for _, recipe in remedies if recipe), get_recipe("fast", dev, "char-gpt")]
+    recipes = [base, *(recipe for _, recipe in remedies if recipe),
+               *(get_recipe(name, dev, "char-gpt") for name in ("fast", "tta"))]
     try:
         results = looptune.bench(workload="char-gpt", recipes=recipes, epochs=args.epochs,
                                  device=args.device, repeats=args.repeats, corpus=args.corpus,
+                                 target=None if args.smoke else args.target, eval_every=20,
                                  **size)
     except looptune.LooptuneError as err:
         print(f"char_lm: error: {err}", file=sys.stderr)

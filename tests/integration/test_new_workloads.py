@@ -459,8 +459,9 @@ def test_tune_refuses_bad_workload_options(capsys, monkeypatch, argv, message):
 def test_warmup_longer_than_the_run_is_refused_before_training(capsys, tmp_path, no_training):
     small = tmp_path / "small.txt"
     small.write_text(_english(40))  # ~1.6 KB: 5 steps of 32 windows of 32 tokens
-    code, _, err = _cli(capsys, "bench", "gpt", "--corpus", small, "--context", "32")
-    assert code == 2 and "warmup_steps=20" in err
+    code, _, err = _cli(capsys, "bench", "gpt", "--corpus", small, "--context", "32",
+                        "--recipes", "baseline,tta")
+    assert code == 2 and "recipe 'tta': warmup_steps=50" in err
 
 
 def test_bench_api_refuses_a_warmup_longer_than_the_run_before_any_recipe_trains(
@@ -469,10 +470,10 @@ def test_bench_api_refuses_a_warmup_longer_than_the_run_before_any_recipe_trains
     small.write_text(_english(40))
 
     def forbidden(*_, **__):
-        raise AssertionError("baseline trained before fast's schedule was checked")
+        raise AssertionError("baseline trained before tta's schedule was checked")
 
     runner = importlib.import_module("looptune.bench.runner")  # looptune.bench is the function
     monkeypatch.setattr(runner, "run_recipe", forbidden)
-    with pytest.raises(ConfigError, match=r"recipe 'fast': warmup_steps=20 exceeds the run's"):
-        looptune.bench(workload="char-gpt", recipes=["baseline", "fast"], epochs=1, device="cpu",
+    with pytest.raises(ConfigError, match=r"recipe 'tta': warmup_steps=50 exceeds the run's"):
+        looptune.bench(workload="char-gpt", recipes=["baseline", "tta"], epochs=1, device="cpu",
                        corpus=str(small), context=32)

@@ -44,10 +44,13 @@ def test_cnn_tta_is_fast_with_batch_128_and_a_one_cycle_adamw():
     assert {"loader.batch_size", "schedule", "epochs"} <= named
 
 
-def test_lm_tta_is_fast_at_peak_lr_2e_3_only():
+def test_lm_tta_is_fast_with_a_warmup_cosine_schedule_at_3e_3():
     fast, tta = get_recipe("fast", "cpu", "char-gpt"), get_recipe("tta", "cpu", "char-gpt")
-    assert _diff(fast, tta) == {"optim.lr": 2e-3}
-    assert any(d.name == "optim.lr" and "2e-3" in d.reason for d in tta.reasons)
+    assert fast.schedule.name == "constant" and fast.optim.lr == 1e-3  # the baseline's
+    assert _diff(fast, tta) == {"optim.lr": 3e-3, "schedule.name": "cosine",
+                                "schedule.warmup_steps": 50, "schedule.min_lr_fraction": 0.1}
+    (schedule,) = [d for d in tta.reasons if d.name == "schedule"]
+    assert "2.092" in schedule.reason
 
 
 def test_lm_fast_pins_the_math_attention_kernel_on_cpu_only():
