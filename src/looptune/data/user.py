@@ -181,6 +181,17 @@ def check_integer_inputs(model: torch.nn.Module, train_data: Any, device: torch.
         model.train(was_training)
 
 
+def _integer_field(data: Any) -> bool:
+    """Whether a packed dataset holds an integer field with a shape (an input, not a label);
+    True when it does not say (read a sample to find out)."""
+    import numpy as np
+
+    fields = getattr(getattr(data, "header", None), "fields", None)
+    if not fields:
+        return True
+    return any(np.dtype(f.dtype).kind in "iu" and tuple(f.shape) for f in fields)
+
+
 def _first_inputs(data: Any) -> Any:
     """The first two samples' inputs, as a batch; None where reading them is not cheap or safe
     (DataLoaders and streams are read only by the run itself)."""
@@ -193,6 +204,8 @@ def _first_inputs(data: Any) -> Any:
         if isinstance(data, BatchedData) or isinstance(data, DataLoader) or is_stream(data):
             return None
         if hasattr(data, "get_batch"):
+            if not _integer_field(data):
+                return None  # a packed file says its dtypes: read nothing when none is integer
             return split_sample(data.get_batch([0, min(1, len(data) - 1)]), "a batch")[0]
         if is_map_dataset(data) and len(data) > 0:
             firsts = [split_sample(data[i], "a sample")[0] for i in range(min(2, len(data)))]
