@@ -242,7 +242,7 @@ def test_a_big_loader_share_that_is_not_the_largest_lets_the_largest_phase_decid
 
 def test_env_missing_uses_device_busy_to_tell_cuda():
     v = analyze(_m(_steps(step_s=0.010, device_busy_s=0.009)))
-    assert v.evidence["device"] == "cuda" and v.findings == []
+    assert v.evidence["device"] == "cuda" and _names(v) == ["no_dataloader"]
 
 
 # --- invariants ----------------------------------------------------------------------------------
@@ -357,7 +357,7 @@ def test_tf32_off(supported, enabled, expected):
     v = analyze(_m(_steps(step_s=0.01, device_busy_s=0.009), env=env))
     assert ("tf32_off" in _names(v)) is expected
     if expected:
-        f = v.findings[0]
+        (f,) = [f for f in v.findings if f.name == "tf32_off"]
         assert f.severity == "warning" and "set_float32_matmul_precision(\"high\")" in f.message
 
 
@@ -365,3 +365,11 @@ def test_tiny_batch_only_when_overhead_bound():
     compute_bound = analyze(_m(_steps(step_s=0.010), loaders=[_loader(batch_size=16)], env=_cpu(),
                                flops_per_step=5e8, matmul_flops_per_s=1e11))
     assert compute_bound.bottleneck == "compute" and "tiny_batch" not in _names(compute_bound)
+
+
+def test_a_loop_without_a_dataloader_says_its_batch_making_is_inside_compute():
+    v = analyze(_m(_steps(step_s=0.050), env=_cpu(), flops_per_step=2e9, matmul_flops_per_s=1e11))
+    (f,) = [f for f in v.findings if f.name == "no_dataloader"]
+    assert "counted inside compute" in f.message and f.severity == "warning"
+    with_loader = analyze(_m(_steps(step_s=0.050), env=_cpu(), loaders=[_loader()]))
+    assert "no_dataloader" not in _names(with_loader)

@@ -25,7 +25,17 @@ def findings(m: Measurements, p: _Profile, bottleneck: str) -> list[Finding]:
         out += _pin_finding(p, ld, label)
         if bottleneck == "overhead":  # on a compute-bound step a small batch is a modelling choice
             out += _tiny_batch_finding(m, p, ld, label)
-    return out + _tf32_finding(m, p) + _pageable_finding(p)
+    return out + _no_loader_finding(m) + _tf32_finding(m, p) + _pageable_finding(p)
+
+
+def _no_loader_finding(m: Measurements) -> list[Finding]:
+    if m.loaders:
+        return []
+    return [Finding(name="no_dataloader", severity="warning", message=(
+        "no torch DataLoader was iterated: the data-wait phase is measured on DataLoader "
+        "batches, so whatever this script does to produce its batches (its own get_batch() or "
+        "iterator) is counted inside compute here, not as data wait. Time that function alone "
+        "to split it out, or feed the loop through a DataLoader."))]
 
 
 def _workers_finding(m: Measurements, ld: LoaderInfo, label: str) -> list[Finding]:

@@ -131,7 +131,7 @@ class StepProbes:
             if id(loader) not in probes.loaders:
                 probes.loaders[id(loader)] = _loader_info(loader)
             probes.batches.setdefault(id(loader), 0)
-            probes.batches[id(loader)] += len(loader) if hasattr(loader, "__len__") else 1
+            probes.batches[id(loader)] += _batches(loader)
             return original(loader)
 
         return __iter__
@@ -192,6 +192,15 @@ def _targets_cuda(name: str, args: tuple, kwargs: dict) -> bool:
     except (TypeError, RuntimeError):
         return False
     return device is not None and device.type == "cuda"
+
+
+def _batches(loader: Any) -> int:
+    """Batches one pass over ``loader`` yields; 1 for a stream (an IterableDataset has no len:
+    DataLoader.__len__ raises TypeError for it)."""
+    try:
+        return len(loader)
+    except TypeError:
+        return 1
 
 
 def _loader_info(loader: DataLoader) -> LoaderInfo:
