@@ -80,3 +80,12 @@ def test_char_lm_smoke():
         assert needle in proc.stdout
     assert "remedy 1: " in proc.stdout and "alone (row baseline+" in proc.stdout
     assert "verdict data_loading" not in proc.stdout
+
+
+@pytest.mark.integration
+def test_diagnose_fidelity_smoke(mnist_dir):
+    proc = _smoke("diagnose_fidelity.py", "--data", str(mnist_dir))
+    for loop in ("pytorch_examples_mnist.py", "nanogpt_style.py", "iterable_stream.py",
+                 "compiled_step.py"):
+        assert loop in proc.stdout
+    assert "no DataLoader seen" in proc.stdout and "goal: every loop's data share" in proc.stdout
