@@ -353,15 +353,26 @@ class watch:
         >>> w.diagnosis.bottleneck
     """
 
-    def __init__(self, *, warmup: int = 5, steps: int | None = None) -> None:
+    def __init__(self, *, warmup: int = 5, steps: int | None = None, label: str = "watch") -> None:
         problems = check_target(lambda: None, module=False, steps=steps or UNBOUNDED,
                                 warmup=warmup, seconds=None)
         if steps is not None and (isinstance(steps, bool) or not isinstance(steps, int) or steps < 1):
             problems.append(f"steps={steps!r} is invalid: an integer >= 1, or None for no limit.")
         if problems:
             raise ConfigError(problems)
-        self.warmup, self.steps = warmup, steps
+        self.warmup, self.steps, self.label = warmup, steps, label
         self.diagnosis: Diagnosis | None = None
+
+    def record_loader(self, loader: Any) -> None:
+        """Tell the probes about a DataLoader whose iterator was created before the block (a
+        framework's fit loop); its batches' waits are measured either way."""
+        self._probes.record_loader(loader)
+
+    @property
+    def steps_seen(self) -> int:
+        """Optimizer steps seen so far inside the block (warm-up included)."""
+        probes = getattr(self, "_probes", None)
+        return 0 if probes is None else probes.steps
 
     def __enter__(self) -> Self:
         device = torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
@@ -381,6 +392,6 @@ class watch:
             return stopped  # nothing measured: the block's own exception (if any) goes on
         device = self._schedule.device
         run = _collect(self._schedule, self._probes, error=error, oom=False, device=device)
-        self.diagnosis = _diagnosis("watch", (), False, self.steps or UNBOUNDED, run,
+        self.diagnosis = _diagnosis(self.label, (), False, self.steps or UNBOUNDED, run,
                                     analyze(run.measurements), None)
         return stopped  # any other exception propagates, after the diagnosis was taken

@@ -124,14 +124,20 @@ class StepProbes:
 
         return __next__
 
+    def record_loader(self, loader: DataLoader) -> None:
+        """Note ``loader``'s settings and one pass of batches (done on every ``iter(loader)``;
+        callable directly for a loader whose iterator was made before the probes went on, as
+        a framework does before its training hooks run)."""
+        if id(loader) not in self.loaders:
+            self.loaders[id(loader)] = _loader_info(loader)
+        self.batches.setdefault(id(loader), 0)
+        self.batches[id(loader)] += _batches(loader)
+
     def _recorded_iter(self, original: Callable) -> Callable:
         probes = self
 
         def __iter__(loader):
-            if id(loader) not in probes.loaders:
-                probes.loaders[id(loader)] = _loader_info(loader)
-            probes.batches.setdefault(id(loader), 0)
-            probes.batches[id(loader)] += _batches(loader)
+            probes.record_loader(loader)
             return original(loader)
 
         return __iter__
