@@ -212,12 +212,21 @@ def _batches(loader: Any) -> int:
 def _loader_info(loader: DataLoader) -> LoaderInfo:
     workers = loader.num_workers
     batch_bytes, random = _first_sample(loader)
-    return LoaderInfo(batch_size=loader.batch_size, num_workers=workers,
+    return LoaderInfo(batch_size=_batch_size(loader), num_workers=workers,
                       pin_memory=bool(loader.pin_memory),
                       prefetch_factor=loader.prefetch_factor if workers > 0 else None,
                       persistent_workers=bool(loader.persistent_workers),
                       dataset=type(loader.dataset).__name__, batch_bytes=batch_bytes,
                       random_per_sample=random)
+
+
+def _batch_size(loader: DataLoader) -> int | None:
+    """The loader's batch size, also when a wrapper batches through its own batch_sampler
+    (Accelerate's DataLoaderShard has batch_size None and a BatchSamplerShard that knows it)."""
+    if loader.batch_size is not None:
+        return loader.batch_size
+    size = getattr(getattr(loader, "batch_sampler", None), "batch_size", None)
+    return size if isinstance(size, int) and not isinstance(size, bool) else None
 
 
 def _first_sample(loader: DataLoader) -> tuple[int | None, bool | None]:
@@ -238,7 +247,8 @@ def _first_sample(loader: DataLoader) -> tuple[int | None, bool | None]:
     finally:
         set_rng_state(saved)
     size = _tensor_bytes(sample)
-    batch_bytes = None if size == 0 or loader.batch_size is None else size * loader.batch_size
+    batch = _batch_size(loader)
+    batch_bytes = None if size == 0 or batch is None else size * batch
     return batch_bytes, _differs(sample, again)
 
 
