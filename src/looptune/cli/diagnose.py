@@ -47,6 +47,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--nproc", type=int, default=None, metavar="N",
                    help="run the script as N ranks of a torch.distributed job (as torchrun "
                         "--standalone --nproc_per_node N); print a row per rank and the slowest")
+    p.add_argument("--tensorboard", metavar="DIR", default=None,
+                   help="also log the diagnosis to TensorBoard in DIR (needs looptune[tensorboard])")
     add_report_option(p)
     p.add_argument("--rank-dir", default=None, help=argparse.SUPPRESS)  # --nproc's ranks write here
     p.add_argument("target", nargs=argparse.REMAINDER, metavar="script.py [args] | -m MODULE [args]",
@@ -56,7 +58,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 _VALUED = {"--steps", "--warmup", "--seconds", "--json", "--trace", "--nproc", "--rank-dir",
-           "--report"}
+           "--report", "--tensorboard"}
 
 
 def split_argv(argv: list[str]) -> list[str]:
@@ -92,6 +94,12 @@ def run(args: argparse.Namespace) -> int:
         print_diagnosis(result, console)
         if args.json is not None:
             result.write_json(args.json)
+        if args.tensorboard is not None:
+            from looptune.report.tensorboard import write_diagnosis
+
+            console.print(f"TensorBoard: {write_diagnosis(result, args.tensorboard)} "
+                          f"(tensorboard --logdir {args.tensorboard})", highlight=False,
+                          soft_wrap=True)
         _render(result.to_dict(), args.report, console)
     return EXIT_SCRIPT_FAILED if result.error else 0
 
@@ -102,6 +110,10 @@ def _check(args: argparse.Namespace, target: str, module: bool, steps: int | Non
                             seconds=args.seconds, trace_dir=args.trace)
     if args.json is not None:
         problems += [p for p in [writable_problem(args.json, "--json")] if p]
+    if args.tensorboard is not None:
+        from looptune.report.tensorboard import tensorboard_problem
+
+        problems += [p for p in [tensorboard_problem(args.tensorboard)] if p]
     if args.rank_dir is None:  # a rank of --nproc does not render: the launching process does
         problems += report_problems(args.report)
     problems += _rank_problems(args, *launched_rank())
