@@ -31,7 +31,12 @@ def fixtures(data: str | None, out_dir: str) -> list[tuple[str, list[str]]]:
     return [("pytorch_examples_mnist.py", mnist),
             ("nanogpt_style.py", ["--out_dir", out_dir]),
             ("iterable_stream.py", ["--records", "100000"]),
-            ("compiled_step.py", ["--samples", "16384", "--width", "512"])]
+            ("compiled_step.py", ["--samples", "16384", "--width", "512"]),
+            ("lightning_mnist.py", ["--max-steps", "200"]),
+            ("accelerate_loop.py", [])]
+
+
+_NEEDS = {"lightning_mnist.py": "lightning", "accelerate_loop.py": "accelerate"}
 
 
 def independent(script: str, argv: list[str], steps: int) -> dict[str, float]:
@@ -74,6 +79,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{'loop':28} {'verdict':13} {'diagnose data':>13} {'independent':>11} "
               f"{'diff':>6}  step ms (diagnose / loader+step alone)")
         for script, extra in fixtures(args.data, out_dir):
+            package = _NEEDS.get(script)
+            if package and importlib.util.find_spec(package) is None:
+                print(f"{script:28} skipped: {package} is not installed (looptune[{package}])")
+                continue
             d = looptune.diagnose(str(LOOPS / script), extra, steps=steps, warmup=5)
             ind = independent(script, extra, steps)
             diag = 100 * d.shares["data_wait"]

@@ -38,12 +38,36 @@ class Classifier(nn.Module):
         return self.head(self.emb(input_ids))
 
 
-def main(argv=None):
+def parse(argv=None):
     p = argparse.ArgumentParser()
     p.add_argument("--samples", type=int, default=4096)
     p.add_argument("--length", type=int, default=64)
     p.add_argument("--epochs", type=int, default=20)
-    args = p.parse_args(argv)
+    return p.parse_args(argv)
+
+
+def parts(argv=None):
+    """(prepared loader, step(batch)) for benchmarks/diagnose_fidelity.py."""
+    args = parse(argv)
+    accelerator = Accelerator(cpu=True)
+    torch.manual_seed(0)
+    model = Classifier(args.length)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    loader = DataLoader(Sentences(args.samples, args.length), batch_size=32, shuffle=True)
+    model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
+
+    def step(batch):
+        loss = nn.functional.cross_entropy(model(batch["input_ids"]), batch["labels"])
+        accelerator.backward(loss)
+        optimizer.step()
+        optimizer.zero_grad()
+        return loss.item()
+
+    return loader, step
+
+
+def main(argv=None):
+    args = parse(argv)
     accelerator = Accelerator(cpu=True)
     torch.manual_seed(0)
     model = Classifier(args.length)

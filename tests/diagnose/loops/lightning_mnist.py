@@ -56,6 +56,25 @@ def parse(argv=None):
     return p.parse_args(argv)
 
 
+def parts(argv=None):
+    """(loader, step(batch)) for benchmarks/diagnose_fidelity.py: the module's own dataloader and
+    training_step with its optimizer, stepped as Lightning's automatic optimization does."""
+    args = parse(argv)
+    torch.manual_seed(0)
+    model = LitMLP(args)
+    opt = model.configure_optimizers()
+
+    def step(batch):
+        opt.zero_grad()
+        loss = model.training_step(batch, 0)
+        loss.backward()
+        opt.step()
+        return loss.item()
+
+    model.log = lambda *a, **k: None  # no Trainer attached: logging is the Trainer's job
+    return model.train_dataloader(), step
+
+
 def trainer(args, callbacks=()):
     return L.Trainer(max_steps=args.max_steps, accelerator="cpu", devices=1, logger=False,
                      enable_progress_bar=False, enable_checkpointing=False,
