@@ -37,6 +37,7 @@ Precision = Literal["fp32", "bf16", "fp16"]
 CompileMode = Literal["off", "default", "reduce-overhead", "max-autotune"]
 # torch.nn.functional.scaled_dot_product_attention's kernel: "auto" = PyTorch's own choice
 Attention = Literal["auto", "math", "flash", "efficient", "cudnn"]
+CUDA_ONLY_ATTENTION = ("efficient", "cudnn")  # SDPA kernels that exist only on CUDA
 OptimizerName = Literal["sgd", "adam", "adamw"]
 # auto: torch's default; foreach: one kernel per op over all params; fused: one kernel per step;
 # for-loop: per-parameter ops (the slowest, the most portable).

@@ -13,7 +13,7 @@ import torch
 
 from looptune.data.loaders import transform_kind
 from looptune.errors import ConfigError
-from looptune.recipe import Decision, Recipe
+from looptune.recipe import CUDA_ONLY_ATTENTION, Decision, Recipe
 
 __all__ = ["resolve"]
 
@@ -35,7 +35,7 @@ def resolve(recipe: Recipe, device_type: str, world_size: int = 1,
     decisions: list[Decision] = []
     loader = _resolve_loader(recipe, device_type, decisions)
     step = _resolve_precision(recipe, device_type, decisions)
-    if step.attention in ("efficient", "cudnn") and device_type != "cuda":
+    if step.attention in CUDA_ONLY_ATTENTION and device_type != "cuda":
         decisions.append(Decision("attention", "auto", reason=(
             f"attention={step.attention!r} is a CUDA kernel of scaled_dot_product_attention; on "
             f"{device_type} only 'math' and 'flash' exist, so PyTorch picks between them")))

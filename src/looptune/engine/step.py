@@ -17,7 +17,7 @@ import torch
 from looptune.dist import ddp
 from looptune.engine import graphs
 from looptune.errors import MeasurementError
-from looptune.recipe import StepConfig
+from looptune.recipe import CUDA_ONLY_ATTENTION, StepConfig
 
 __all__ = ["StepStats", "Stepper", "autocast", "attention_kernel"]
 
@@ -50,7 +50,6 @@ def autocast(device: torch.device, precision: str, *, cache: bool = True):
 
 _SDPA_BACKENDS = {"math": "MATH", "flash": "FLASH_ATTENTION", "efficient": "EFFICIENT_ATTENTION",
                   "cudnn": "CUDNN_ATTENTION"}
-_CUDA_ONLY = ("efficient", "cudnn")
 
 
 def attention_kernel(choice: str, device: torch.device, stats: StepStats | None = None):
@@ -59,7 +58,7 @@ def attention_kernel(choice: str, device: torch.device, stats: StepStats | None 
     asked for on another device falls back to "auto", with the reason in ``stats.notes``."""
     if choice == "auto":
         return contextlib.nullcontext
-    if choice in _CUDA_ONLY and device.type != "cuda":
+    if choice in CUDA_ONLY_ATTENTION and device.type != "cuda":
         if stats is not None:
             stats.notes.append(f"attention={choice!r} is a CUDA kernel; on {device.type} "
                                "PyTorch picked the attention kernel itself")

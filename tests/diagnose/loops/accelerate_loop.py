@@ -46,15 +46,20 @@ def parse(argv=None):
     return p.parse_args(argv)
 
 
-def parts(argv=None):
-    """(prepared loader, step(batch)) for benchmarks/diagnose_fidelity.py."""
-    args = parse(argv)
+def build(args):
+    """Accelerator.prepare(model, optimizer, loader, scheduler), as main() and parts() use."""
     accelerator = Accelerator(cpu=True)
     torch.manual_seed(0)
     model = Classifier(args.length)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
     loader = DataLoader(Sentences(args.samples, args.length), batch_size=32, shuffle=True)
-    model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
+    scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=100, gamma=0.9)
+    return accelerator, *accelerator.prepare(model, optimizer, loader, scheduler)
+
+
+def parts(argv=None):
+    """(prepared loader, step(batch)) for benchmarks/diagnose_fidelity.py."""
+    accelerator, model, optimizer, loader, _ = build(parse(argv))
 
     def step(batch):
         loss = nn.functional.cross_entropy(model(batch["input_ids"]), batch["labels"])
@@ -68,13 +73,7 @@ def parts(argv=None):
 
 def main(argv=None):
     args = parse(argv)
-    accelerator = Accelerator(cpu=True)
-    torch.manual_seed(0)
-    model = Classifier(args.length)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    loader = DataLoader(Sentences(args.samples, args.length), batch_size=32, shuffle=True)
-    scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=100, gamma=0.9)
-    model, optimizer, loader, scheduler = accelerator.prepare(model, optimizer, loader, scheduler)
+    accelerator, model, optimizer, loader, scheduler = build(args)
     for epoch in range(args.epochs):
         model.train()
         for step, batch in enumerate(loader):

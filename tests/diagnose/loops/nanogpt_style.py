@@ -68,6 +68,15 @@ def build(args):
     return model, optimizer, ctx, scaler
 
 
+def update(model, optimizer, scaler):
+    """The end of an iteration: unscale, clip, step, update the scale, drop the grads."""
+    scaler.unscale_(optimizer)
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    scaler.step(optimizer)
+    scaler.update()
+    optimizer.zero_grad(set_to_none=True)
+
+
 def parts(argv=None):
     """(batches, step(batch)) for benchmarks/diagnose_fidelity.py: get_batch() and one iteration
     (all micro-steps on the same batch) with the objects main() uses."""
@@ -85,11 +94,7 @@ def parts(argv=None):
             with ctx:
                 loss = lm_loss(model(x), y) / args.gradient_accumulation_steps
             scaler.scale(loss).backward()
-        scaler.unscale_(optimizer)
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        scaler.step(optimizer)
-        scaler.update()
-        optimizer.zero_grad(set_to_none=True)
+        update(model, optimizer, scaler)
         return loss.item()
 
     return batches(), step, args.gradient_accumulation_steps
@@ -109,11 +114,7 @@ def main(argv=None):
                 loss = lm_loss(model(X), Y) / args.gradient_accumulation_steps
             X, Y = get_batch()  # prefetch the next batch while... (on CPU: simply next)
             scaler.scale(loss).backward()
-        scaler.unscale_(optimizer)
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        scaler.step(optimizer)
-        scaler.update()
-        optimizer.zero_grad(set_to_none=True)
+        update(model, optimizer, scaler)
         if iter_num % args.log_interval == 0:
             t1 = time.time()
             print(f"iter {iter_num}: loss {loss.item() * args.gradient_accumulation_steps:.4f}, "
