@@ -1,5 +1,6 @@
 """Every benchmark script runs in its --smoke mode, so none of them rots unseen."""
 
+import importlib.util
 import subprocess
 import sys
 from pathlib import Path
@@ -88,4 +89,9 @@ def test_diagnose_fidelity_smoke(mnist_dir):
     for loop in ("pytorch_examples_mnist.py", "nanogpt_style.py", "iterable_stream.py",
                  "compiled_step.py"):
         assert loop in proc.stdout
+    for loop, package in (("lightning_mnist.py", "lightning"), ("accelerate_loop.py", "accelerate"),
+                          ("hf_trainer.py", "transformers")):
+        assert loop in proc.stdout  # a row, or "skipped: ... is not installed"
+        if importlib.util.find_spec(package) is not None:
+            assert f"{loop:28} skipped" not in proc.stdout
     assert "no DataLoader seen" in proc.stdout and "goal: every loop's data share" in proc.stdout

@@ -19,3 +19,17 @@ def test_diagnose_runs_an_unchanged_accelerate_loop():
     (ld,) = d.loaders
     assert ld.dataset == "Sentences" and ld.batch_size == 32  # through the BatchSamplerShard
     assert d.bottleneck in {"compute", "overhead", "data_loading"}
+
+
+def test_watch_diagnoses_an_accelerate_loop_in_process():
+    pytest.importorskip("accelerate")
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("accelerate_loop", LOOPS / "accelerate_loop.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    w = module.main(["--samples", "1024", "--watch", "10"])  # 3 warm-up + 1 counted + 10, then stop
+    d = w.diagnosis
+    assert d is not None and d.steps_measured == 10 and d.script == "accelerate loop"
+    (ld,) = d.loaders
+    assert ld.dataset == "Sentences" and ld.batch_size == 32

@@ -43,4 +43,4 @@ def test_callback_diagnoses_inside_trainer_fit_and_training_goes_on(tmp_path):
     assert d is not None and d.steps_measured == 20 and d.script == "lightning Trainer.fit"
     assert d.loaders[0].dataset == "Digits" and d.bottleneck in {
         "data_loading", "compute", "overhead"}
-    assert callback._watch is None  # the probes came off after 3 + 20 steps
+    assert not callback.active  # the probes came off after 3 + 20 steps

@@ -15,7 +15,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from looptune.integrations import missing_extra
+from looptune.integrations import FitWatch, dataloaders, missing_extra
 
 try:
     from lightning.pytorch.callbacks import Callback
@@ -26,7 +26,6 @@ except ImportError as _err:  # pragma: no cover - depends on the environment
         raise missing_extra("lightning", "lightning", _err) from None
 
 from looptune.diagnose.result import Diagnosis
-from looptune.diagnose.runner import watch
 
 __all__ = ["DiagnoseCallback"]
 
@@ -45,61 +44,28 @@ class DiagnoseCallback(Callback):
     def __init__(self, *, warmup: int = 5, steps: int = 50,
                  json_path: str | os.PathLike | None = None, verbose: bool = True) -> None:
         super().__init__()
-        watch(warmup=warmup, steps=steps)  # validates the arguments now, before training
-        self.warmup, self.steps, self.json_path, self.verbose = warmup, steps, json_path, verbose
-        self.diagnosis: Diagnosis | None = None
-        self._watch: watch | None = None
+        self._fit = FitWatch(warmup=warmup, steps=steps, json_path=json_path, verbose=verbose,
+                             label="lightning Trainer.fit")
+
+    @property
+    def diagnosis(self) -> Diagnosis | None:
+        return self._fit.diagnosis
+
+    @property
+    def active(self) -> bool:
+        """Whether the probes are on (between the start of training and the last measured step)."""
+        return self._fit.active
 
     def on_train_start(self, trainer: Any, pl_module: Any) -> None:
-        if self.diagnosis is None and self._watch is None:
-            # steps=None: no StopScript inside Lightning's loop; _finish takes the probes off
-            self._watch = watch(warmup=self.warmup, steps=None, label="lightning Trainer.fit")
-            self._watch.__enter__()
-            for loader in _dataloaders(getattr(trainer, "train_dataloader", None)):
-                self._watch.record_loader(loader)  # Lightning made its iterator before this hook
+        # Lightning made the DataLoader iterator before this hook: tell the probes about it
+        self._fit.start(dataloaders(getattr(trainer, "train_dataloader", None)))
 
     def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any,
                            batch_idx: int) -> None:
-        # + 1: the step after the warm-up runs under the FLOP counter and is not timed
-        if self._watch is not None and self._watch.steps_seen >= self.warmup + 1 + self.steps:
-            self._finish()
+        self._fit.after_step()
 
     def on_train_end(self, trainer: Any, pl_module: Any) -> None:
-        self._finish()  # a run shorter than warmup + steps: diagnose what was seen
+        self._fit.finish()  # a run shorter than warmup + steps: diagnose what was seen
 
     def on_exception(self, trainer: Any, pl_module: Any, exception: BaseException) -> None:
-        if self._watch is not None:  # take the probes off; the exception is Lightning's to raise
-            self._watch.__exit__(None, None, None)
-            self._watch = None
-
-    def _finish(self) -> None:
-        if self._watch is None:
-            return
-        w, self._watch = self._watch, None
-        w.__exit__(None, None, None)
-        self.diagnosis = w.diagnosis
-        if self.diagnosis is None:
-            return
-        if self.json_path is not None:
-            self.diagnosis.write_json(self.json_path)
-        if self.verbose:
-            from looptune.report.diagnose_view import print_diagnosis
-            from looptune.report.render import wide_console
-
-            print_diagnosis(self.diagnosis, wide_console())
-
-
-def _dataloaders(loaders: Any) -> list[Any]:
-    """The torch DataLoaders inside what Lightning holds: a DataLoader, a CombinedLoader
-    (``.flattened``), or a list/dict of them."""
-    from torch.utils.data import DataLoader
-
-    if loaders is None:
-        return []
-    if isinstance(loaders, DataLoader):
-        return [loaders]
-    flat = getattr(loaders, "flattened", None)
-    items = flat if flat is not None else (
-        list(loaders.values()) if isinstance(loaders, dict) else
-        list(loaders) if isinstance(loaders, (list, tuple)) else [])
-    return [x for x in items if isinstance(x, DataLoader)]
+        self._fit.abort()  # the exception is Lightning's to raise

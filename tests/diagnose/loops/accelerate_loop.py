@@ -3,6 +3,7 @@
 ``accelerator.print`` of the loss; on the CPU here. The Dataset tokenizes text per sample (a
 byte-level encode with padding), as a text-classification loop does."""
 import argparse
+import contextlib
 
 import torch
 from accelerate import Accelerator
@@ -43,6 +44,8 @@ def parse(argv=None):
     p.add_argument("--samples", type=int, default=4096)
     p.add_argument("--length", type=int, default=64)
     p.add_argument("--epochs", type=int, default=20)
+    p.add_argument("--watch", type=int, default=0,
+                   help="diagnose this many steps in-process with looptune.watch(), then stop")
     return p.parse_args(argv)
 
 
@@ -74,6 +77,18 @@ def parts(argv=None):
 def main(argv=None):
     args = parse(argv)
     accelerator, model, optimizer, loader, scheduler = build(args)
+    if args.watch:
+        import looptune
+
+        watcher = looptune.watch(warmup=3, steps=args.watch, label="accelerate loop")
+    else:
+        watcher = contextlib.nullcontext()
+    with watcher:  # with steps=, the block ends once they were measured
+        train(args, accelerator, model, optimizer, loader, scheduler)
+    return watcher
+
+
+def train(args, accelerator, model, optimizer, loader, scheduler):
     for epoch in range(args.epochs):
         model.train()
         for step, batch in enumerate(loader):

@@ -4,6 +4,7 @@ on the CPU with Lightning's progress bar, logger and checkpointing off. The per-
 does a little Python work per image, as a decoding Dataset would. With ``--callback`` the run
 carries looptune's DiagnoseCallback instead of being run under ``looptune diagnose``."""
 import argparse
+import time
 
 import lightning as L
 import torch
@@ -73,6 +74,26 @@ def parts(argv=None):
 
     model.log = lambda *a, **k: None  # no Trainer attached: logging is the Trainer's job
     return model.train_dataloader(), step
+
+
+def framework_step_ms(argv, batch, steps):
+    """ms per step of ``Trainer.fit`` itself fed one fixed batch from memory (for
+    benchmarks/diagnose_fidelity.py): Lightning's per-step machinery (fetcher, hooks, logging,
+    the closure) is part of the step a user's run pays for, so the step alone includes it."""
+    args = parse(argv)
+    args.max_steps = steps + 4
+    torch.manual_seed(0)
+    model = LitMLP(args)
+    cached = DataLoader([batch] * args.max_steps, batch_size=None)  # no loading work left
+    model.train_dataloader = lambda: cached
+    ends = []
+
+    class Clock(L.Callback):
+        def on_train_batch_end(self, *_args):
+            ends.append(time.perf_counter())
+
+    trainer(args, [Clock()]).fit(model)
+    return [(b - a) * 1e3 for a, b in zip(ends[3:], ends[4:])]  # 3 warm-up steps left out
 
 
 def trainer(args, callbacks=()):

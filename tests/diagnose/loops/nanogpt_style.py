@@ -33,6 +33,7 @@ def parse(argv=None):
 
 def prepare(args):
     out = args.out_dir or tempfile.mkdtemp(prefix="nanogpt-")
+    os.makedirs(out, exist_ok=True)  # as nanoGPT does
     path = os.path.join(out, "train.bin")
     if not os.path.exists(path):
         np.frombuffer(load_corpus("pystdlib", max_bytes=1 << 19).data, dtype=np.uint8).tofile(path)
