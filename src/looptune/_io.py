@@ -61,3 +61,23 @@ def writable_problem(path: str | os.PathLike, flag: str) -> str | None:
     os.close(fd)
     os.unlink(tmp)
     return None  # an existing read-only file is fine: the atomic rename replaces it
+
+
+def folder_writable_problem(folder: str | os.PathLike, flag: str) -> str | None:
+    """Why files cannot be created in ``folder`` (created later if missing), or None if they can:
+    a probe file is written in it, or in its nearest existing parent (checked up front)."""
+    folder = Path(folder)
+    probe = folder
+    while not probe.exists() and probe != probe.parent:
+        probe = probe.parent
+    if not probe.is_dir():
+        return (f"{flag} {str(folder)!r}: {str(probe)!r} is a file, not a folder. Choose a "
+                "folder path.")
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=".looptune-probe.", dir=probe)
+    except OSError as err:
+        return (f"{flag} {str(folder)!r} cannot be written ({err.strerror} in {str(probe)!r}). "
+                "Make it writable, or choose another folder.")
+    os.close(fd)
+    os.unlink(tmp)
+    return None

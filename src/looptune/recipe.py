@@ -8,15 +8,31 @@ will run on and records the reason for every change it makes, so nothing is sile
 from __future__ import annotations
 
 import dataclasses
+import math
+import types
+import typing
 from dataclasses import dataclass, field
 from typing import Any, Literal, get_args
 
 from looptune.errors import ConfigError
 
 __all__ = [
-    "Strategy", "Decode", "LossSync", "Precision", "CompileMode", "Attention", "OptimizerName",
-    "OptimizerImpl", "ScheduleName", "Decision", "LoaderConfig", "StepConfig", "OptimConfig", "ScheduleConfig",
-    "Recipe", "with_overrides",
+    "Attention",
+    "CompileMode",
+    "Decision",
+    "Decode",
+    "LoaderConfig",
+    "LossSync",
+    "OptimConfig",
+    "OptimizerImpl",
+    "OptimizerName",
+    "Precision",
+    "Recipe",
+    "ScheduleConfig",
+    "ScheduleName",
+    "StepConfig",
+    "Strategy",
+    "with_overrides",
 ]
 
 # Where batches come from. dataloader: a torch DataLoader in host memory, copied to the device per
@@ -68,6 +84,7 @@ class LoaderConfig:
     prefetch_factor: int | None = None  # batches each worker keeps ready (None = torch default 2)
     persistent_workers: bool = False  # keep workers between epochs (saves the start-up per epoch)
     drop_last: bool = False  # the reference keeps the last partial batch (60000 = 937 x 64 + 32)
+    timeout_s: float = 0.0  # workers: end the run when a batch takes longer (0 = wait forever)
 
     def problems(self) -> list[str]:
         """Every invalid field, as a message with the received value, what is allowed and the fix."""
@@ -77,7 +94,12 @@ class LoaderConfig:
         if not _is_int(self.num_workers) or self.num_workers < 0:
             out.append(f"num_workers={self.num_workers!r} is invalid: must be >= 0. "
                        "Use 0 to load in the main process.")
-        if self.prefetch_factor is not None and self.prefetch_factor < 1:
+        if (isinstance(self.timeout_s, bool) or not isinstance(self.timeout_s, (int, float))
+                or not 0 <= self.timeout_s < float("inf")):
+            out.append(f"timeout_s={self.timeout_s!r} is invalid: seconds >= 0 (0 = no timeout). "
+                       "Set e.g. timeout_s=120.")
+        if self.prefetch_factor is not None and (not _is_int(self.prefetch_factor)
+                                                 or self.prefetch_factor < 1):
             out.append(f"prefetch_factor={self.prefetch_factor!r} is invalid: must be >= 1 or None.")
         uses_workers = self.strategy == "dataloader" and _is_int(self.num_workers) and self.num_workers > 0
         if not uses_workers and self.persistent_workers:
@@ -266,28 +288,43 @@ def _parse_assignment(recipe: Recipe, text: str) -> tuple[tuple[str | None, str]
         known = [f"{p}.{f.name}" for p in _PARTS for f in dataclasses.fields(getattr(recipe, p))]
         raise ConfigError(f"--set {text!r} is invalid: expected FIELD=VALUE with FIELD one of "
                           f"{', '.join(known + ['loss_sync', 'cpu_threads'])}.")
-    current = getattr(target, parts[-1])
-    return (parts[0] if len(parts) == 2 else None, parts[-1]), _convert(raw.strip(), current, text)
+    declared = typing.get_type_hints(type(target))[parts[-1]]
+    return (parts[0] if len(parts) == 2 else None, parts[-1]), _convert(raw.strip(), declared, text)
 
 
-def _convert(raw: str, current: Any, text: str) -> Any:
+def _convert(raw: str, declared: Any, text: str) -> Any:
+    """``raw`` as the field's declared type (``int | None``, ``float``, a Literal, ...)."""
+    args = get_args(declared)
+    optional = typing.get_origin(declared) in (typing.Union, types.UnionType) and type(None) in args
+    kind = next(a for a in args if a is not type(None)) if optional else declared
     if raw.lower() in ("none", "null"):
-        return None
+        if optional:
+            return None
+        raise ConfigError(f"--set {text!r}: this field cannot be None; give a value of type "
+                          f"{_type_name(kind)}.")
     try:
-        if isinstance(current, bool):
+        if kind is bool:
             if raw.lower() not in ("true", "false", "1", "0", "yes", "no"):
                 raise ValueError(raw)
             return raw.lower() in ("true", "1", "yes")
-        if isinstance(current, tuple):
-            return tuple(float(v) for v in raw.split(","))
-        if isinstance(current, int) or current is None and raw.lstrip("-").isdigit():
+        if kind is int:
             return int(raw)
-        if isinstance(current, float):
+        if kind is float:
             return float(raw)
+        if typing.get_origin(kind) is tuple:
+            return tuple(float(v) for v in raw.split(","))
     except ValueError:
-        raise ConfigError(f"--set {text!r}: {raw!r} is not a valid {type(current).__name__}; "
-                          f"the current value is {current!r}.") from None
-    return raw
+        raise ConfigError(f"--set {text!r}: {raw!r} is not a valid {_type_name(kind)}"
+                          + (" (or None)." if optional else ".")) from None
+    return raw  # a Literal's string: the recipe's checks list the allowed values
+
+
+def _type_name(kind: Any) -> str:
+    if typing.get_origin(kind) is tuple:
+        return "comma-separated list of numbers, e.g. 0.9,0.999"
+    if typing.get_origin(kind) is Literal:
+        return "one of " + ", ".join(map(repr, get_args(kind)))
+    return getattr(kind, "__name__", str(kind))
 
 
 def _jsonable(value: Any) -> Any:
@@ -303,4 +340,6 @@ def _is_int(value: Any) -> bool:
 
 
 def _is_number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
+    """A finite int or float (nan and inf are never a setting)."""
+    return (isinstance(value, (int, float)) and not isinstance(value, bool)
+            and math.isfinite(value))

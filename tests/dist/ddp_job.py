@@ -28,6 +28,30 @@ from looptune.presets import get_recipe
 from looptune.resolve import resolve
 
 
+class WriteAudit:
+    """Records every file this process opens for writing, creates by rename, or removes under
+    ``folder`` (an audit hook: what the engine really did, not what it says)."""
+
+    def __init__(self, folder: Path) -> None:
+        self.folder, self.events = str(folder.resolve()), []
+        sys.addaudithook(self._hook)
+
+    def _hook(self, event: str, args: tuple) -> None:
+        if event == "open" and len(args) >= 3:
+            path, mode, flags = args[0], args[1], args[2]
+            writes = (isinstance(mode, str) and any(c in mode for c in "wax+")) or (
+                isinstance(flags, int) and flags & (os.O_WRONLY | os.O_RDWR | os.O_CREAT))
+            self._note("write", path, writes)
+        elif event in ("os.rename", "os.remove"):
+            self._note(event, args[1] if event == "os.rename" else args[0], True)
+
+    def _note(self, what: str, path: object, relevant: bool) -> None:
+        if relevant and isinstance(path, (str, os.PathLike)):
+            full = os.path.abspath(os.fspath(path))
+            if full.startswith(self.folder):
+                self.events.append([what, os.path.basename(full)])
+
+
 class Saboteur:
     """Progress sink that kills (or hangs) one rank at a given batch."""
 
@@ -61,7 +85,10 @@ def main() -> int:
     p.add_argument("--hang-rank", type=int, default=None)
     p.add_argument("--kill-at", type=int, default=10)
     p.add_argument("--timeout", type=float, default=30.0)
+    p.add_argument("--audit", action="store_true",
+                   help="write OUT/writes-rank-R.json: the files this rank wrote under --checkpoint")
     args = p.parse_args()
+    audit = WriteAudit(Path(args.checkpoint)) if args.audit and args.checkpoint else None
     torch.set_num_threads(1)
     device = torch.device("cpu")
     ctx = context.init(device, timeout_s=args.timeout)
@@ -89,6 +116,8 @@ def main() -> int:
     torch.save(model.state_dict(), args.out / f"rank-{ctx.rank}.pt")
     if ctx.is_main:
         (args.out / "result.json").write_text(json.dumps(result.to_dict()))
+    if audit is not None:
+        (args.out / f"writes-rank-{ctx.rank}.json").write_text(json.dumps(audit.events))
     context.shutdown()
     return 0
 

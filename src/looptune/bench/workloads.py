@@ -146,9 +146,15 @@ def _check_text(*, data_dir: str | None = None, corpus: str = "pystdlib", contex
     if isinstance(max_bytes, bool) or not isinstance(max_bytes, int) or max_bytes < 1024:
         raise ConfigError(f"max_bytes={max_bytes!r} is invalid: an integer >= 1024 (bytes of "
                           "the pystdlib corpus to use), e.g. --max-bytes 1048576.")
-    train_tokens, val_tokens = text.split_tokens(_corpus(corpus, data_dir, max_bytes))
+    found = _corpus(corpus, data_dir, max_bytes)
+    train_tokens, val_tokens = text.split_tokens(found)
     for which, tokens in (("train", train_tokens), ("val", val_tokens)):
-        text.check_context(context, len(tokens), which)
+        try:
+            text.check_context(context, len(tokens), which)
+        except ConfigError as err:  # say which corpus (and which --max-bytes) was too short
+            raise ConfigError(f"{err} (corpus {found.name!r}: {found.num_bytes} bytes"
+                              + (f", --max-bytes {max_bytes}" if corpus == "pystdlib" else "")
+                              + ")") from None
     return (len(train_tokens) - 1) // context  # text.token_windows' count
 
 

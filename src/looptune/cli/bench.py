@@ -137,8 +137,9 @@ def _preflight(args: argparse.Namespace) -> tuple[list[Recipe], RunOptions]:
             train_size = workload.check_data(data_dir=args.data, **wl_options)
         except (DataError, ConfigError) as err:
             problems += getattr(err, "problems", None) or [str(err)]
-        else:
-            problems += _schedule_problems(recipes, workload, options, train_size, args)
+        else:  # the schedules against the run's steps: only for recipes that passed their checks
+            problems += [] if problems else _schedule_problems(recipes, workload, options,
+                                                               train_size, args)
     if problems:
         raise ConfigError(problems)
     return recipes, options

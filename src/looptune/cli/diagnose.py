@@ -101,7 +101,7 @@ def run(args: argparse.Namespace) -> int:
                           f"(tensorboard --logdir {args.tensorboard})", highlight=False,
                           soft_wrap=True)
         _render(result.to_dict(), args.report, console)
-    return EXIT_SCRIPT_FAILED if result.error else 0
+    return result.exit_code or (EXIT_SCRIPT_FAILED if result.error else 0)  # the script's own
 
 
 def _check(args: argparse.Namespace, target: str, module: bool, steps: int | None) -> None:
@@ -208,7 +208,7 @@ def _torchrun_rank(args: argparse.Namespace, result: Diagnosis) -> int:
     if result.rank != ranks[0]:
         print(f"looptune diagnose: rank {result.rank}: {result.steps_measured} steps, median "
               f"{result.step_ms:.2f} ms; rank {ranks[0]} reports every rank ({path})")
-        return EXIT_SCRIPT_FAILED if result.error else 0
+        return result.exit_code or (EXIT_SCRIPT_FAILED if result.error else 0)  # the script's own
     # if this rank's script raised, the others may be blocked in a collective waiting for it:
     # report at once what is there (they fail when this process exits)
     wait_s = 0.0 if result.error else rank_files.RANK_WAIT_S

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 
 from rich.table import Table
@@ -57,8 +58,31 @@ def _common(p: argparse.ArgumentParser) -> None:
     add_report_option(p)
 
 
+def _flag_problems(args: argparse.Namespace) -> list[str]:
+    """The numeric flags and --device, checked before any data is loaded (the same rules as
+    tune_loader / tune_batch_size apply again to their own arguments)."""
+    from looptune.engine.device import device_problem
+
+    problems = [p for p in [device_problem(args.device)] if p]
+    batch = getattr(args, "batch_size", None)
+    if batch is not None and batch < 1:
+        problems.append(f"--batch-size {batch} is invalid: an integer >= 1, e.g. --batch-size 64.")
+    budget = args.budget_s
+    if budget is not None and not 0 < budget < math.inf:
+        problems.append(f"--budget-s {budget!r} is invalid: a finite number of seconds > 0, "
+                        "e.g. --budget-s 60.")
+    fraction = getattr(args, "max_memory_fraction", None)
+    if fraction is not None and not 0 < fraction <= 1:
+        problems.append(f"--max-memory-fraction {fraction!r} is invalid: a share of device "
+                        "memory in (0, 1], e.g. 0.9.")
+    keep = getattr(args, "keep_effective", None)
+    if keep is not None and keep < 1:
+        problems.append(f"--keep-effective {keep} is invalid: an effective batch >= 1, e.g. 512.")
+    return problems
+
+
 def _targets(args: argparse.Namespace, need_model: bool):
-    problems = []
+    problems = _flag_problems(args)
     if args.workload is None and args.dataset is None:
         problems.append("give --dataset MODULE:FACTORY (or --workload mnist-mlp).")
     if args.workload is None and _workload_options(args):

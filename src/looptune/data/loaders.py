@@ -21,22 +21,47 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Protocol
 
-import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset, TensorDataset
 
-from looptune.data.order import (EpochBatchSampler, EpochSampler, batch_indices,  # noqa: F401
-                                 epoch_batches, epoch_permutation, num_batches, rank_num_batches,
-                                 rank_samples_per_epoch)
-from looptune.data.per_sample import (PerSampleImages, _ToTensorNormalize,  # noqa: F401
-                                      reference_transform, transform_kind)
-from looptune.errors import ConfigError
+from looptune.data.faults import Traced, guarded, shm_problem, worker_failure
+from looptune.data.order import (
+    EpochBatchSampler,
+    EpochSampler,
+    batch_indices,
+    epoch_batches,
+    epoch_permutation,
+    num_batches,
+    rank_num_batches,
+    rank_samples_per_epoch,
+)
+from looptune.data.per_sample import (  # noqa: F401
+    PerSampleImages,
+    _ToTensorNormalize,
+    reference_transform,
+    transform_kind,
+)
+from looptune.errors import ConfigError, DataError
 from looptune.recipe import LoaderConfig
 
-__all__ = ["ImageData", "BatchedData", "BatchSource", "has_get_batch", "epoch_permutation",
-           "epoch_batches", "normalize_batch", "reference_transform", "num_batches",
-           "batch_indices", "make", "prepare_batch", "per_sample_dataset", "BatchAugment", "PerSampleImages",
-           "reference_transform", "transform_kind"]
+__all__ = [
+    "BatchAugment",
+    "BatchSource",
+    "BatchedData",
+    "ImageData",
+    "PerSampleImages",
+    "batch_indices",
+    "epoch_batches",
+    "epoch_permutation",
+    "has_get_batch",
+    "make",
+    "normalize_batch",
+    "num_batches",
+    "per_sample_dataset",
+    "prepare_batch",
+    "reference_transform",
+    "transform_kind",
+]
 
 Batch = tuple[torch.Tensor, torch.Tensor]
 
@@ -225,6 +250,10 @@ class LoaderSource:
         self.normalize = cfg.decode == "tensorized" or isinstance(data, BatchedData)
         self.loader = _build_dataloader(cfg, data, seed, rank, world)
         self.samples_per_epoch = rank_samples_per_epoch(len(data), cfg, world)
+        problem = shm_problem(self.loader, batch_size=cfg.batch_size, num_workers=cfg.num_workers,
+                              prefetch_factor=cfg.prefetch_factor)
+        if problem:  # before any worker starts
+            raise ConfigError(problem)
 
     def __len__(self) -> int:
         return rank_num_batches(self.n, self.cfg.batch_size, self.cfg.drop_last, self.world)
@@ -233,7 +262,12 @@ class LoaderSource:
         # per-sample sampler skips samples, the batch sampler skips whole batches
         skip = start * self.cfg.batch_size if self.cfg.decode == "per_sample" else start
         self.loader.sampler.set_epoch(epoch, skip)  # type: ignore[attr-defined]  # ours
-        return iter(self.loader)
+        self._batches = iter(self.loader)
+        return guarded(self.loader, self._batches)  # names a failing sample and its worker
+
+    def failure(self, err: BaseException) -> DataError | None:
+        """A dead or hung worker's error, naming the sample it was reading (workers stopped)."""
+        return worker_failure(err, self.loader, getattr(self, "_batches", None))
 
     def batch_indices(self, epoch: int, i: int) -> torch.Tensor:
         return batch_indices(self.n, self.cfg.batch_size, seed=self.seed, epoch=epoch, i=i,
@@ -254,6 +288,8 @@ def _build_dataloader(cfg: LoaderConfig, data: ImageData | Dataset, seed: int, r
         workers = {"persistent_workers": cfg.persistent_workers}
         if cfg.prefetch_factor is not None:
             workers["prefetch_factor"] = cfg.prefetch_factor
+        if cfg.timeout_s:
+            workers["timeout"] = float(cfg.timeout_s)
     common = {"num_workers": cfg.num_workers, "pin_memory": cfg.pin_memory, **workers}
     if cfg.decode == "per_sample":
         # ImageData: the reference's PIL decode per sample; any other Dataset: its own __getitem__
@@ -261,11 +297,12 @@ def _build_dataloader(cfg: LoaderConfig, data: ImageData | Dataset, seed: int, r
         if isinstance(data, ImageData):
             per_sample = per_sample_dataset(data)
         sampler = EpochSampler(len(data), seed, cfg.batch_size, cfg.drop_last, rank, world)
-        return DataLoader(per_sample, batch_size=cfg.batch_size, sampler=sampler,
-                          drop_last=cfg.drop_last, **common)
+        return DataLoader(Traced(per_sample, cfg.num_workers), batch_size=cfg.batch_size,
+                          sampler=sampler, drop_last=cfg.drop_last, **common)
     batches = EpochBatchSampler(len(data), seed, cfg.batch_size, cfg.drop_last, rank, world)
     # batch_size=None: each sampler item (an index tensor) is one already-batched __getitem__ call
-    return DataLoader(TensorBatches(data), batch_size=None, sampler=batches, **common)
+    return DataLoader(Traced(TensorBatches(data), cfg.num_workers), batch_size=None,
+                      sampler=batches, **common)
 
 
 class DeviceSource:
@@ -329,7 +366,9 @@ def make(cfg: LoaderConfig, data: ImageData | BatchedData, *, device: torch.devi
         A :class:`BatchSource`.
     """
     if cfg.strategy == "prefetch":
-        from looptune.data.prefetch import PrefetchSource  # local: prefetch.py imports this module
+        from looptune.data.prefetch import (
+            PrefetchSource,  # local: prefetch.py imports this module
+        )
 
         return PrefetchSource(cfg, data, device=device, seed=seed, rank=rank, world=world)
     if cfg.strategy == "device":

@@ -38,6 +38,9 @@ class Diagnosis:
     script: str  # what ran: the path or "-m module" and its arguments
     stopped: str  # "steps" | "seconds" | "script_ended" | "exit N" | "error"
     error: str | None = None  # the script's exception, if it raised
+    # the status `python script.py` would have exited with: 0 also when diagnose stopped it after
+    # the measured steps; sys.exit(N) -> N; an uncaught exception -> 1
+    exit_code: int = 0
     verify: dict[str, Any] | None = None  # --verify: remedy, before/after step ms, speedup
     trace: dict[str, Any] | None = None  # --trace: files written and the top operators table
     provenance: dict[str, Any] = field(default_factory=dict)

@@ -8,14 +8,12 @@ and every patched function are restored whatever the script does.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import os
-import runpy
 import shlex
-import sys
+import time
 import traceback
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -27,6 +25,14 @@ from looptune.diagnose.collectives import RankWaits, launched_rank
 from looptune.diagnose.model import Measurements
 from looptune.diagnose.result import MAX_WARMUP_STEPS, Diagnosis
 from looptune.diagnose.schedule import UNBOUNDED, Schedule
+from looptune.diagnose.script import (
+    Seen,
+    exit_status,
+    forked_children_exit_alone,
+    module_exists,
+    overridden_loaders,
+    script_env,
+)
 from looptune.diagnose.verdict import analyze
 from looptune.errors import ConfigError, MeasurementError
 from looptune.measure.memory import PeakMemory
@@ -45,7 +51,7 @@ def check_target(target: str | Callable, *, module: bool, steps: int | None, war
     """Every problem with these arguments, before anything runs."""
     problems = []
     if module:
-        if not _module_exists(target):
+        if not module_exists(target):
             problems.append(f"-m {target!r}: no such module on sys.path or in the current "
                             "folder. Check the name, or run from the folder that holds it.")
     elif not callable(target) and not Path(target).is_file():
@@ -60,63 +66,17 @@ def check_target(target: str | Callable, *, module: bool, steps: int | None, war
                         "or its parent is not a writable folder). Choose another --trace DIR.")
     if isinstance(warmup, bool) or not isinstance(warmup, int) or warmup < 0:
         problems.append(f"warmup={warmup!r} is invalid: must be an integer >= 0, e.g. --warmup 5.")
-    if seconds is not None and not (isinstance(seconds, (int, float)) and seconds > 0):
-        problems.append(f"seconds={seconds!r} is invalid: must be > 0, e.g. --seconds 30.")
+    if seconds is not None and not (isinstance(seconds, (int, float)) and not isinstance(seconds, bool)
+                                    and 0 < seconds < float("inf")):
+        problems.append(f"seconds={seconds!r} is invalid: a finite number > 0, e.g. --seconds 30.")
     return problems
 
 
-def _module_exists(name: object) -> bool:
-    import importlib.util
-
-    if not isinstance(name, str) or not name:
-        return False
-    sys.path.insert(0, os.getcwd())  # as `python -m` will
-    try:
-        return importlib.util.find_spec(name) is not None
-    except (ImportError, ValueError):  # a missing parent package, or a bad name
-        return False
-    finally:
-        sys.path.pop(0)
 
 
 def _blocked(folder: Path) -> bool:
     parent = next((p for p in [folder, *folder.parents] if p.exists()), None)
     return parent is None or not parent.is_dir() or not os.access(parent, os.W_OK)
-
-
-@contextlib.contextmanager
-def _script_env(target: str | Callable, args: Sequence[str], module: bool) -> Iterator[Callable]:
-    saved_argv, saved_path, threads = sys.argv[:], sys.path[:], torch.get_num_threads()
-    modules_before = set(sys.modules)
-    try:
-        if callable(target):
-            sys.argv = [getattr(target, "__name__", "<callable>"), *args]
-            yield target
-        elif module:
-            sys.argv = [target, *args]
-            sys.path.insert(0, os.getcwd())  # as `python -m` does
-            yield lambda: runpy.run_module(target, run_name="__main__", alter_sys=True)
-        else:
-            sys.argv = [str(target), *args]
-            sys.path.insert(0, str(Path(target).resolve().parent))  # as `python script.py` does
-            yield lambda: runpy.run_path(str(target), run_name="__main__")  # argv[0] as given
-    finally:
-        sys.argv[:] = saved_argv
-        sys.path[:] = saved_path
-        torch.set_num_threads(threads)  # a script may change it; this process goes on after
-        _forget_user_modules(modules_before)
-
-
-def _forget_user_modules(before: set[str]) -> None:
-    """Drop modules the script imported from outside site-packages and the standard library, so
-    a rerun (--verify) or the next script imports them afresh, as a new process would."""
-    import sysconfig
-
-    system = {sysconfig.get_paths()[k] for k in ("stdlib", "platstdlib", "purelib", "platlib")}
-    for name in set(sys.modules) - before:
-        path = getattr(sys.modules[name], "__file__", None) or ""
-        if path and not any(path.startswith(root) for root in system) and "looptune" not in name:
-            del sys.modules[name]
 
 
 @dataclass
@@ -131,6 +91,7 @@ class _Run:
     wait_s: list[float] | None = None  # per measured step: blocked on other ranks
     data_wait_s: list[float] | None = None  # per measured step: blocked on the next batch
     warmup_step_s: list[float] | None = None  # the steps before the measured ones
+    exit_code: int = 0  # the status `python script.py` would have exited with
 
 
 def _run_once(target, args, *, module, steps, warmup, seconds, trace_dir,
@@ -141,43 +102,57 @@ def _run_once(target, args, *, module, steps, warmup, seconds, trace_dir,
     waits = RankWaits(enabled=device.type == "cpu" and launched_rank()[1] > 1)
 
     threads: list[int] = []  # the script's intra-op threads (it may set its own), at its last step
+    pid = os.getpid()
 
     def on_step(n: int) -> None:
+        if os.getpid() != pid:  # a child the script forked: only the script's own process counts
+            return
         waits.end_step()  # first: schedule.on_step may end the script
         threads[:] = [torch.get_num_threads()]
         schedule.on_step(n)
 
     probes = StepProbes(on_step=on_step)
-    error, oom = None, False
-    with (_script_env(target, args, module) as run, probes, waits,
-          _loader_overrides(loader_overrides)):
+    error, oom, exit_code = None, False, 0
+    t0 = time.perf_counter()
+    with (script_env(target, args, module) as run, probes, waits,
+          overridden_loaders(loader_overrides)):
         try:
             schedule.begin()
-            run()
+            forked_children_exit_alone(run, os.getpid())
         except StopScript:
             pass
         except SystemExit as exc:
-            schedule.end("script_ended" if exc.code in (0, None) else f"exit {exc.code}")
+            exit_code = exit_status(exc.code)
+            schedule.end("script_ended" if exit_code == 0 else f"exit {exit_code}")
         except KeyboardInterrupt:  # Ctrl-C: report what was measured so far
             schedule.end("interrupted")
+            exit_code = 130
         except Exception as exc:  # noqa: BLE001 - the script failed: report what was measured
             oom = isinstance(exc, torch.OutOfMemoryError)
             schedule.end("error")
             error = "".join(traceback.format_exception_only(type(exc), exc)).strip()
+            exit_code = 1  # as python's own exit code for an uncaught exception
         finally:
             schedule.close()
+    seen = Seen(time.perf_counter() - t0, probes.drawn, len(probes.loaders), schedule.stopped,
+                 exit_code)
     return _collect(schedule, probes, error=error, oom=oom, device=device, waits=waits.per_step,
-                    threads=threads[0] if threads else None)
+                    threads=threads[0] if threads else None, seen=seen)
+
+
 
 
 def _collect(schedule: Schedule, probes: StepProbes, *, error, oom, device,
-             waits: list[float] | None = None, threads: int | None = None) -> _Run:
+             waits: list[float] | None = None, threads: int | None = None,
+             seen: Seen | None = None) -> _Run:
     samples = probes.samples
     if not samples:
+        how = "" if seen is None else f" ({seen.summary()}, exit code {seen.exit_code})"
         raise MeasurementError(
-            "the script never called optimizer.step(): diagnose finds step boundaries through "
-            "torch.optim optimizers. Make sure the script trains with one, and that it reaches "
-            "the training loop with the arguments given" + (f" (it raised: {error})" if error else "."))
+            f"the script never called optimizer.step(){how}: diagnose finds step boundaries "
+            "through torch.optim optimizers. Make sure the script trains with one, and that it "
+            "reaches the training loop with the arguments given"
+            + (f" (it raised: {error})" if error else "."))
     window = _measured(len(samples), schedule)
     measured = samples[window]
     if schedule.device_busy_s is not None:  # CUDA: split device time from host-side overhead
@@ -197,7 +172,7 @@ def _collect(schedule: Schedule, probes: StepProbes, *, error, oom, device,
     before = samples[:window.start][-MAX_WARMUP_STEPS:]
     return _Run(measurements, schedule.stopped, error, [s.step_s for s in measured], mem.kind,
                 schedule.trace, len(samples), wait_s, [s.data_wait_s for s in measured],
-                [s.step_s for s in before])
+                [s.step_s for s in before], 0 if seen is None else seen.exit_code)
 
 
 def _measured(n: int, schedule: Schedule) -> slice:
@@ -210,28 +185,6 @@ def _measured(n: int, schedule: Schedule) -> slice:
     return slice(1, n) if n > 1 else slice(0, n)
 
 
-@contextlib.contextmanager
-def _loader_overrides(overrides: dict[str, Any] | None) -> Iterator[None]:
-    """--verify: construct every DataLoader with these keyword arguments instead."""
-    if not overrides:
-        yield
-        return
-    from torch.utils.data import DataLoader
-
-    original = DataLoader.__init__
-
-    def patched(self, *args, **kwargs):
-        kwargs.update(overrides)
-        if kwargs.get("num_workers", 0) == 0:  # these need workers; DataLoader would refuse
-            kwargs.pop("prefetch_factor", None)
-            kwargs["persistent_workers"] = False
-        original(self, *args, **kwargs)
-
-    DataLoader.__init__ = patched
-    try:
-        yield
-    finally:
-        DataLoader.__init__ = original
 
 
 def diagnose(target: str | Callable, args: Sequence[str] | str = (), *, module: bool = False,
@@ -338,7 +291,8 @@ def _diagnosis(target, args, module, steps, run: _Run, verdict, checked) -> Diag
         script=" ".join([name, *args]), stopped=run.stopped, error=run.error, verify=checked,
         trace=run.trace, provenance=provenance(device), rank=rank,
         world_size=None if rank is None else world,
-        wait_s=run.wait_s, data_wait_step_s=run.data_wait_s, warmup_step_s=run.warmup_step_s or [])
+        wait_s=run.wait_s, data_wait_step_s=run.data_wait_s, warmup_step_s=run.warmup_step_s or [],
+        exit_code=run.exit_code)
 
 
 class watch:

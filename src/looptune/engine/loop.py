@@ -12,21 +12,31 @@ import time
 import warnings
 from collections.abc import Callable
 from dataclasses import asdict
+from pathlib import Path
 from typing import Protocol
 
 import torch
 
+from looptune.data.faults import WORKER_GONE
 from looptune.data.loaders import BatchSource
 from looptune.dist import ddp
 from looptune.dist.context import DistContext
 from looptune.dist.results import combine_ranks
 from looptune.engine import checkpoint as ckpt
 from looptune.engine.optim import build_optimizer, optimizer_kind
-from looptune.engine.run_state import (Interrupted, NonFiniteLoss, RunOptions, RunState,
-                                       cpu_threads, stop_signals)
+from looptune.engine.run_state import (
+    CheckpointWriteError,
+    Interrupted,
+    NonFiniteLoss,
+    RunOptions,
+    RunState,
+    cpu_threads,
+    resume_problems,
+    stop_signals,
+)
 from looptune.engine.schedule import build_scheduler
 from looptune.engine.step import Stepper
-from looptune.errors import MeasurementError
+from looptune.errors import ConfigError, MeasurementError
 from looptune.measure.memory import PeakMemory
 from looptune.measure.results import RunResult, metric_fields
 from looptune.measure.timing import Stopwatch
@@ -114,6 +124,16 @@ class _Run:
         model.train()
 
     def train_epoch(self, epoch: int) -> None:
+        try:
+            self._train_epoch(epoch)
+        except WORKER_GONE as err:  # a DataLoader worker died or hung: name it and its sample
+            failure = getattr(self.source, "failure", None)
+            named = failure(err) if failure is not None else None
+            if named is None:
+                raise
+            raise named from err
+
+    def _train_epoch(self, epoch: int) -> None:
         state, source, n_batches = self.state, self.source, len(self.source)
         if state.position == 0:
             state.loss_host, state.losses = 0.0, torch.zeros(n_batches, device=self.device)
@@ -245,7 +265,17 @@ class _Run:
                                          scheduler=self.scheduler, scaler=self.stepper.scaler,
                                          recipe=self.recipe.to_dict())
         saved["train_s"] -= self.stepper.stats.compile_s  # a resumed run recompiles anyway
-        ckpt.save_checkpoint(folder, saved, step=self.stepper.stats.optimizer_steps)
+        step = self.stepper.stats.optimizer_steps
+        try:
+            ckpt.save_checkpoint(folder, saved, step=step)
+        except OSError as err:
+            _, kept, _ = ckpt.latest_checkpoint(folder)
+            raise CheckpointWriteError(
+                f"could not write the checkpoint of step {step} to {folder}: {err.strerror or err}"
+                f" (errno {err.errno}). " + (f"The previous checkpoint {kept.name} is intact; "
+                                            if kept else "No earlier checkpoint exists; ") +
+                "free space or make the folder writable, then continue with --resume (or "
+                "choose another --checkpoint folder).") from err
 
     def _average_partial_losses(self) -> None:
         """Replace this epoch's losses so far by their mean over the ranks, on every rank, so the
@@ -263,10 +293,25 @@ class _Run:
         saved, path, skipped = ckpt.latest_checkpoint(folder, map_location=self.device)
         for bad, reason in skipped:
             warnings.warn(f"skipped checkpoint {bad}: {reason}", stacklevel=3)
+        if self.ctx.world_size > 1:  # every rank must continue from the same checkpoint
+            chosen = self.ctx.gather(None if path is None else Path(path).name)
+            if len(set(chosen)) > 1:
+                raise ConfigError(
+                    f"cannot resume: the ranks found different newest valid checkpoints in "
+                    f"{folder} ({', '.join(f'rank {r}: {c}' for r, c in enumerate(chosen))}). "
+                    "Every rank must see the same, shared checkpoint folder; check that it is "
+                    "on a file system all ranks share and that no checkpoint is being written.")
         if saved is None:
             self.decisions.append(Decision("resume", False, reason=(
                 f"no valid checkpoint in {folder}; started from scratch")))
             return
+        problems, changes = resume_problems(saved, recipe=self.recipe.to_dict(), model=self.module)
+        if problems:
+            raise ConfigError([f"cannot resume from {path}: {p}" for p in problems])
+        if changes:
+            self.decisions.append(Decision("resume_changes", changes, reason=(
+                f"resumed from {path} with recipe fields that differ from the checkpoint's; "
+                "the new values apply from here on")))
         self.state.restore(saved, model=self.module, optimizer=self.optimizer,
                            scheduler=self.scheduler, scaler=self.stepper.scaler, device=self.device)
         self.stepper.stats.optimizer_steps = int(self.scheduler.last_epoch)

@@ -14,11 +14,21 @@ from typing import Any
 
 import torch
 
+from looptune._io import folder_writable_problem
 from looptune.engine import checkpoint as ckpt
 from looptune.errors import LooptuneError, MeasurementError
 from looptune.measure.metric import ACCURACY, MetricSpec
 
-__all__ = ["RunOptions", "RunState", "Interrupted", "NonFiniteLoss", "stop_signals", "cpu_threads"]
+__all__ = [
+    "CheckpointWriteError",
+    "Interrupted",
+    "NonFiniteLoss",
+    "RunOptions",
+    "RunState",
+    "cpu_threads",
+    "resume_problems",
+    "stop_signals",
+]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -54,6 +64,8 @@ class RunOptions:
             out.append("checkpoint_every/resume need a checkpoint folder: pass --checkpoint DIR.")
         if self.checkpoint_dir is not None and Path(self.checkpoint_dir).is_file():
             out.append(f"checkpoint folder {str(self.checkpoint_dir)!r} is a file: give a folder.")
+        elif self.checkpoint_dir is not None:  # a read-only folder: refused before training
+            out += [p for p in [folder_writable_problem(self.checkpoint_dir, "--checkpoint")] if p]
         return out
 
     @property
@@ -63,6 +75,11 @@ class RunOptions:
 
 def _pos_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value >= 1
+
+
+class CheckpointWriteError(LooptuneError, OSError):
+    """A checkpoint could not be written (disk full, folder gone read-only); the previous
+    checkpoint is intact."""
 
 
 class Interrupted(LooptuneError):
@@ -115,6 +132,7 @@ class RunState:
         }
 
     def restore(self, saved: dict, *, model, optimizer, scheduler, scaler, device) -> None:
+        """Load a checkpoint that :func:`resume_problems` found compatible."""
         model.load_state_dict(saved["model"])
         optimizer.load_state_dict(saved["optimizer"])
         if scheduler is not None and saved["scheduler"] is not None:
@@ -128,6 +146,45 @@ class RunState:
             setattr(self, name, saved[name])
         self.losses = None if saved["losses"] is None else saved["losses"].to(device)
         self.first_loss = None if saved["first_loss"] is None else saved["first_loss"].to(device)
+
+
+# Recipe fields a checkpoint's position, optimizer state or schedule state depend on: resuming
+# with another value would index the epoch wrongly or load state into the wrong object.
+_RESUME_FIXED = (("loader", "batch_size"), ("loader", "drop_last"), ("step", "accumulate"),
+                 ("optim", "name"), ("schedule", "name"))
+
+
+def resume_problems(saved: dict, *, recipe: dict,
+                    model: torch.nn.Module) -> tuple[list[str], list[str]]:
+    """(problems, changes) of resuming ``saved`` under ``recipe`` with ``model``: problems refuse
+    the resume (another batch size, optimizer, schedule, accumulation or model shape), changes
+    are other recipe fields that differ and are taken from the new recipe (lr, precision...)."""
+    problems, changes, old = [], [], saved.get("recipe") or {}
+    fix = ("Resume with the recipe the checkpoint was written by, or train from scratch in a "
+           "new --checkpoint folder.")
+    for part, name in _RESUME_FIXED:
+        was, now = (old.get(part) or {}).get(name), recipe[part][name]
+        if part in old and was != now:
+            problems.append(f"{part}.{name} is {now!r} but the checkpoint was written with "
+                            f"{was!r}. {fix}")
+    state = model.state_dict()
+    theirs = saved.get("model") or {}
+    missing, extra = sorted(set(state) - set(theirs)), sorted(set(theirs) - set(state))
+    shapes = [f"{k}: {tuple(theirs[k].shape)} in the checkpoint, {tuple(v.shape)} in the model"
+              for k, v in state.items() if k in theirs and hasattr(theirs[k], "shape")
+              and tuple(theirs[k].shape) != tuple(v.shape)]
+    if missing or extra or shapes:
+        detail = "; ".join(shapes[:3] + [f"missing {missing[:3]}"] * bool(missing)
+                           + [f"unexpected {extra[:3]}"] * bool(extra))
+        problems.append(f"the model does not match the checkpoint's ({detail}). Build the model "
+                        "the checkpoint was trained with, or train from scratch in a new "
+                        "--checkpoint folder.")
+    for part in ("loader", "step", "optim", "schedule"):
+        for name, now in recipe.get(part, {}).items():
+            was = (old.get(part) or {}).get(name, now)
+            if (part, name) not in _RESUME_FIXED and was != now:
+                changes.append(f"{part}.{name} {was!r} -> {now!r}")
+    return problems, changes
 
 
 @contextlib.contextmanager

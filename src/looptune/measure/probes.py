@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import threading
 import time
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -48,10 +49,12 @@ class StepProbes:
         self.loaders: dict[int, LoaderInfo] = {}
         self.batches: dict[int, int] = {}  # batches drawn per loader: the training loader leads
         self.steps = 0
+        self.drawn = 0  # batches drawn from any DataLoader by the training thread
         # the thread that trains and the optimizer whose step ends a step: waits on other threads
-        # (a prefetcher) and a second optimizer (a GAN's) must not split or inflate the step
+        # (a prefetcher) and a second optimizer (a GAN's) must not split or inflate the step; once
+        # that optimizer is gone (the script built a new one), the next one to step takes over
         self._thread = threading.main_thread().ident
-        self._optimizer: int | None = None
+        self._optimizer: Callable[[], Any] | None = None  # a weak reference
         self._restore: list[Callable[[], None]] = []
         self._in_sync = self._in_data = False
         self._reset(time.perf_counter())
@@ -93,9 +96,10 @@ class StepProbes:
 
     # -- step boundary ---------------------------------------------------------------------
     def _step_hook(self, optimizer: Any, args: Any, kwargs: Any) -> None:
-        if self._optimizer is None:
-            self._optimizer, self._thread = id(optimizer), threading.get_ident()
-        elif id(optimizer) != self._optimizer:
+        owner = None if self._optimizer is None else self._optimizer()
+        if owner is None:  # the first optimizer, or the one before was deleted
+            self._optimizer, self._thread = _weak(optimizer), threading.get_ident()
+        elif owner is not optimizer:
             return  # another optimizer in the same iteration: the first one marks the step
         now = time.perf_counter()
         self.samples.append(StepSample(
@@ -117,7 +121,9 @@ class StepProbes:
             t0 = time.perf_counter()
             outer, probes._in_data = probes._in_data, True  # loading is data wait, not syncs
             try:
-                return original(it)
+                batch = original(it)
+                probes.drawn += 1
+                return batch
             finally:
                 probes._in_data = outer
                 probes._wait += time.perf_counter() - t0
@@ -190,6 +196,13 @@ class StepProbes:
         return make
 
 
+def _weak(obj: Any) -> Callable[[], Any]:
+    try:
+        return weakref.ref(obj)
+    except TypeError:  # an object without weak references (__slots__): hold it
+        return lambda: obj
+
+
 def _targets_cuda(name: str, args: tuple, kwargs: dict) -> bool:
     if name == "cuda":
         return True
@@ -216,8 +229,16 @@ def _loader_info(loader: DataLoader) -> LoaderInfo:
                       pin_memory=bool(loader.pin_memory),
                       prefetch_factor=loader.prefetch_factor if workers > 0 else None,
                       persistent_workers=bool(loader.persistent_workers),
-                      dataset=type(loader.dataset).__name__, batch_bytes=batch_bytes,
+                      dataset=type(_user_dataset(loader)).__name__, batch_bytes=batch_bytes,
                       random_per_sample=random)
+
+
+def _user_dataset(loader: DataLoader) -> object:
+    """The loader's dataset, seen through looptune's own sample-tracing wrapper."""
+    from looptune.data.faults import Traced
+
+    ds = loader.dataset
+    return ds.dataset if isinstance(ds, Traced) else ds
 
 
 def _batch_size(loader: DataLoader) -> int | None:

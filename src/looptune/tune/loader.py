@@ -13,6 +13,7 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader, Dataset
 
+from looptune.data.faults import WORKER_GONE, guarded, traced, worker_failure
 from looptune.engine.device import device_problem, resolve_device
 from looptune.errors import ConfigError
 from looptune.recipe import Decision
@@ -72,19 +73,26 @@ class _Search:
     def _rate(self, settings: dict[str, Any]) -> float:
         loader = _loader(self.dataset, self.batch_size, settings)
         step = _trainer(self.model, self.loss_fn, self.device) if self.model is not None else None
-        it, n = iter(loader), 0
-        for _ in range(self.warmup):  # worker start-up and first batches: not the steady state
-            self._consume(next(it), step)
-        t0 = time.perf_counter()
-        for batch in it:
-            self._consume(batch, step)
-            n += 1
-            if n >= self.batches:
-                break
+        batches = iter(loader)
+        it, n = guarded(loader, batches), 0  # a dataset exception: the sample and worker named
+        try:
+            for _ in range(self.warmup):  # worker start-up and first batches: not steady state
+                self._consume(next(it), step)
+            t0 = time.perf_counter()
+            for batch in it:
+                self._consume(batch, step)
+                n += 1
+                if n >= self.batches:
+                    break
+        except WORKER_GONE as err:  # a worker died or hung: name the sample it was reading
+            named = worker_failure(err, loader, batches)
+            if named is None:
+                raise
+            raise named from err
         if step is not None and self.device.type == "cuda":
             torch.cuda.synchronize(self.device)  # sync: the last steps must finish
         elapsed = time.perf_counter() - t0
-        del it  # shuts non-persistent workers down
+        del it, batches  # shuts non-persistent workers down
         return n * self.batch_size / elapsed
 
     def _consume(self, batch: Any, step) -> None:
@@ -104,7 +112,8 @@ def _loader(dataset: Dataset, batch_size: int, settings: dict[str, Any]) -> Data
     if kwargs.get("num_workers", 0) > 0:
         kwargs.setdefault("timeout", WORKER_TIMEOUT_S)
     data = dataset if settings.get("batched", True) else _PerSample(dataset)
-    return DataLoader(data, batch_size=batch_size, shuffle=True, **kwargs)
+    return DataLoader(traced(data, kwargs.get("num_workers", 0)), batch_size=batch_size,
+                      shuffle=True, **kwargs)
 
 
 class _PerSample(Dataset):

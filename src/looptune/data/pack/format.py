@@ -290,8 +290,14 @@ def _check_layout(h: Header) -> None:
     if h.kind == "empty" and h.num_samples:
         raise ValueError("structure.kind='empty' with num_samples > 0")
     for s in h.shards:
-        if "/" in s.file or "\\" in s.file or s.file.startswith("."):
-            raise ValueError(f"shard file name {s.file!r} is not a plain file name")
+        if ("/" in s.file or "\\" in s.file or s.file.startswith(".") or "\x00" in s.file
+                or s.file == HEADER_NAME):
+            raise ValueError(f"shard file name {s.file!r} is not a plain file name inside the "
+                             "folder (no '/', '\\', leading '.' or '..')")
+    files = [s.file for s in h.shards]
+    if len(set(files)) != len(files):
+        twice = sorted({f for f in files if files.count(f) > 1})
+        raise ValueError(f"two shards name the same file {twice}")
     if h.storage == "lmdb":
         if any(s.field != ALL_FIELDS for s in h.shards):
             raise ValueError(f"an lmdb shard must name field {ALL_FIELDS!r}")

@@ -17,18 +17,27 @@ from looptune.errors import DataError
 __all__ = ["PackedDataset", "open_packed", "verify_packed"]
 
 
-def open_packed(path: str | os.PathLike) -> PackedDataset:
+def open_packed(path: str | os.PathLike, *, verify: bool = False) -> PackedDataset:
     """Open a packed folder written by :func:`looptune.data.pack.pack`.
 
-    Checks the header and every shard's size (cheap); :func:`verify_packed` also checks hashes.
+    Checks the header and every shard's size and place (cheap: a shard must be a file inside the
+    folder, a link pointing elsewhere is refused). ``verify=True`` also recomputes every shard's
+    SHA-256 before returning (reads every byte once: use it on data that came from elsewhere);
+    :func:`verify_packed` does the same and lists the problems instead of raising.
 
     Raises:
-        DataError: missing/corrupt header, unsupported format version, missing or wrong-size shard.
+        DataError: missing/corrupt header, unsupported format version, missing, wrong-size or
+            (with ``verify``) tampered shard, or a shard outside the folder.
 
     Example:
         >>> ds = open_packed("train.pack")  # doctest: +SKIP
         >>> x, y = ds[0]; xb, yb = ds.get_batch([0, 5, 7])  # doctest: +SKIP
     """
+    if verify:
+        problems = verify_packed(path)
+        if problems:
+            raise DataError(f"packed dataset {str(path)!r} failed verification: "
+                            + "; ".join(problems))
     return PackedDataset(path)
 
 
@@ -189,6 +198,9 @@ def verify_packed(path: str | os.PathLike) -> list[str]:
 
 def _size_problem(folder: Path, s: ShardSpec) -> str | None:
     p = folder / s.file
+    if p.is_symlink() and p.resolve().parent != folder.resolve():
+        return (f"shard {s.file!r} is a link to {str(p.resolve())!r}, outside the folder (refused: "
+                "a packed dataset reads only its own files)")
     if not p.is_file():
         return f"shard {s.file!r} is missing"
     size = p.stat().st_size

@@ -21,6 +21,7 @@ from typing import Any
 import torch
 from torch.utils.data import BatchSampler, DataLoader, RandomSampler
 
+from looptune.data.faults import batch_nbytes
 from looptune.errors import ConfigError
 
 __all__ = ["LoadRate", "PackBench", "bench_pack"]
@@ -161,11 +162,5 @@ def _time(loader: DataLoader, steps: int, warmup: int) -> tuple[float, float]:
 
 
 def _nbytes(batch: Any) -> int:
-    if isinstance(batch, torch.Tensor):
-        return batch.numel() * batch.element_size()
-    if isinstance(batch, dict):
-        return sum(_nbytes(v) for v in batch.values())
-    if isinstance(batch, (list, tuple)):
-        return sum(_nbytes(v) for v in batch)
-    return 0
+    return batch_nbytes(batch, number=0)  # bytes read: a Python number carries none
 

@@ -1,0 +1,150 @@
+"""Run a user's script as ``python script.py`` / ``python -m module`` would, inside this process.
+
+``sys.argv``, ``sys.path`` and the script's modules are restored after it; a child the script
+forks exits with the script's own status when it comes back here (it never reports); the exit
+status is the one python would give; ``--verify`` builds every DataLoader with other settings.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import runpy
+import sys
+import traceback
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from looptune.measure.probes import StopScript
+
+__all__ = ["Seen", "exit_status", "forked_children_exit_alone", "module_exists",
+           "overridden_loaders", "script_env"]
+
+
+def module_exists(name: object) -> bool:
+    import importlib.util
+
+    if not isinstance(name, str) or not name:
+        return False
+    sys.path.insert(0, os.getcwd())  # as `python -m` will
+    try:
+        return importlib.util.find_spec(name) is not None
+    except (ImportError, ValueError):  # a missing parent package, or a bad name
+        return False
+    finally:
+        sys.path.pop(0)
+
+
+@contextlib.contextmanager
+def script_env(target: str | Callable, args: Sequence[str], module: bool) -> Iterator[Callable]:
+    saved_argv, saved_path, threads = sys.argv[:], sys.path[:], torch.get_num_threads()
+    modules_before = set(sys.modules)
+    try:
+        if callable(target):
+            sys.argv = [getattr(target, "__name__", "<callable>"), *args]
+            yield target
+        elif module:
+            sys.argv = [target, *args]
+            sys.path.insert(0, os.getcwd())  # as `python -m` does
+            yield lambda: runpy.run_module(target, run_name="__main__", alter_sys=True)
+        else:
+            sys.argv = [str(target), *args]
+            sys.path.insert(0, str(Path(target).resolve().parent))  # as `python script.py` does
+            yield lambda: runpy.run_path(str(target), run_name="__main__")  # argv[0] as given
+    finally:
+        sys.argv[:] = saved_argv
+        sys.path[:] = saved_path
+        torch.set_num_threads(threads)  # a script may change it; this process goes on after
+        _forget_user_modules(modules_before)
+
+
+def _forget_user_modules(before: set[str]) -> None:
+    """Drop modules the script imported from outside site-packages and the standard library, so
+    a rerun (--verify) or the next script imports them afresh, as a new process would."""
+    import sysconfig
+
+    system = {sysconfig.get_paths()[k] for k in ("stdlib", "platstdlib", "purelib", "platlib")}
+    for name in set(sys.modules) - before:
+        path = getattr(sys.modules[name], "__file__", None) or ""
+        if path and not any(path.startswith(root) for root in system) and "looptune" not in name:
+            del sys.modules[name]
+
+
+@dataclass(frozen=True)
+class Seen:
+    """How the script's run went, for the report and for "it never stepped"."""
+
+    elapsed_s: float
+    batches: int
+    loaders: int
+    stopped: str
+    exit_code: int
+
+    def summary(self) -> str:
+        ended = {"script_ended": "ended normally", "error": "raised",
+                 "interrupted": "was interrupted"}.get(self.stopped, f"ended ({self.stopped})")
+        return (f"it ran {self.elapsed_s:.1f} s, drew {self.batches} batch(es) from "
+                f"{self.loaders} DataLoader(s) and {ended}")
+
+
+def exit_status(code: object) -> int:
+    """The exit status ``sys.exit(code)`` gives a process: None -> 0, an int, anything else -> 1
+    (python prints it)."""
+    if code is None:
+        return 0
+    if isinstance(code, int):
+        return code & 0xFF
+    print(code, file=sys.stderr)
+    return 1
+
+
+def forked_children_exit_alone(run: Callable[[], object], pid: int) -> None:
+    """Run the script; a child it forked (``os.fork()``) that comes back here exits with the
+    script's status instead of going on into diagnose (which would report a second time)."""
+    try:
+        run()
+    except BaseException as exc:
+        if os.getpid() == pid:
+            raise
+        code = 0 if isinstance(exc, StopScript) else (
+            exit_status(exc.code) if isinstance(exc, SystemExit) else 1)
+        if code == 1 and not isinstance(exc, SystemExit):
+            traceback.print_exc()
+        _exit_now(code)
+    if os.getpid() != pid:
+        _exit_now(0)
+
+
+def _exit_now(code: int) -> None:
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    os._exit(code)
+
+
+@contextlib.contextmanager
+def overridden_loaders(overrides: dict[str, Any] | None) -> Iterator[None]:
+    """--verify: construct every DataLoader with these keyword arguments instead."""
+    if not overrides:
+        yield
+        return
+    from torch.utils.data import DataLoader
+
+    original = DataLoader.__init__
+
+    def patched(self, *args, **kwargs):
+        kwargs.update(overrides)
+        if kwargs.get("num_workers", 0) == 0:  # these need workers; DataLoader would refuse
+            kwargs.pop("prefetch_factor", None)
+            kwargs["persistent_workers"] = False
+        original(self, *args, **kwargs)
+
+    DataLoader.__init__ = patched
+    try:
+        yield
+    finally:
+        DataLoader.__init__ = original
