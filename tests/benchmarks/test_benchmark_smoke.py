@@ -50,6 +50,12 @@ def test_diagnose_overhead_smoke(mnist_dir):
     assert "verdict on the reference: data_loading" in proc.stdout
 
 
+def test_verdict_check_smoke():
+    proc = _smoke("verdict_check.py")
+    assert "tiny_ops.py: overhead (independent: overhead" in proc.stdout
+    assert "goal (issue 16):" in proc.stdout and "verdicts checked independently" in proc.stdout
+
+
 def test_tune_quality_smoke():
     proc = _smoke("tune_quality.py", timeout=900)
     assert proc.stdout.count("quality") == 2 and "grid best" in proc.stdout

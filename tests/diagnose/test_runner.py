@@ -32,7 +32,8 @@ def test_slow_getitem_is_data_loading():
 def test_in_memory_wide_mlp_is_compute():
     d = run("compute_heavy.py", steps=6, warmup=2)
     assert d.bottleneck == "compute", d.evidence
-    assert d.evidence["flops_ratio"] >= 0.35
+    assert d.evidence["fixed_share"] < 0.3 and d.evidence["replay_module"] == "Sequential"
+    assert d.evidence["flops_ratio"] > 0  # the FLOP rate is kept as context
 
 
 def test_tiny_batches_with_item_every_step_are_overhead():
@@ -198,6 +199,10 @@ def test_a_script_that_catches_base_exceptions_is_still_bounded(tmp_path):
     assert d.steps_measured == 8 and d.stopped == "steps"
 
 
-def test_verify_without_a_dataloader_remedy_says_so():
+def test_verify_of_a_compute_step_reruns_bf16_or_says_nothing_can_be_applied():
     d = run("compute_heavy.py", steps=3, warmup=1, verify=True)
-    assert d.verify["remedy"] is None and "nothing was rerun" in d.verify["reason"]
+    if any(r.kind == "precision" for r in d.remedies):  # a CPU with fast bf16 matmuls
+        assert d.verify["kind"] == "precision" and d.verify["autocast"] == "bf16"
+        assert d.verify["applied"] and d.verify["after_step_ms"] > 0
+    else:  # only torch.compile is left, which cannot be applied from outside the script
+        assert d.verify["remedy"] is None and "nothing was rerun" in d.verify["reason"]

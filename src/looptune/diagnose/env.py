@@ -67,7 +67,8 @@ def alloc_retries(device: torch.device) -> int:
     return int(torch.cuda.memory_stats(device).get("num_alloc_retries", 0))
 
 
-def environment(device: torch.device) -> Environment:
+def environment(device: torch.device, threads: int | None = None) -> Environment:
+    """Facts about where the script ran; ``threads``: its intra-op threads (default: torch's)."""
     cuda = device.type == "cuda"
     name = torch.cuda.get_device_name(device) if cuda else _cpu_name()
     major = torch.cuda.get_device_capability(device)[0] if cuda else None
@@ -75,7 +76,8 @@ def environment(device: torch.device) -> Environment:
         cpu_count=os.cpu_count() or 1, device_type=device.type, device_name=name,
         device_total_bytes=memory_limit(device) if cuda else None, shm_bytes=_shm_bytes(),
         tf32_supported=None if major is None else major >= 8,
-        tf32_enabled=torch.backends.cuda.matmul.allow_tf32 if cuda else None)
+        tf32_enabled=torch.backends.cuda.matmul.allow_tf32 if cuda else None,
+        threads=threads or torch.get_num_threads())
 
 
 def _shm_bytes() -> int | None:

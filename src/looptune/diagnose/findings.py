@@ -112,7 +112,13 @@ def _gib(n: float | None) -> str:
 
 
 def _overhead_share(m: Measurements, p: _Profile) -> float:
-    """Share of the step that is fixed per-step cost: busy time the arithmetic doesn't need."""
+    """Share of the step that is fixed per-step cost: measured by the model's replay at B and 4B
+    when there is one, else the busy time the arithmetic doesn't need at the matmul rate."""
+    from looptune.diagnose.batch_rule import scaled_step
+
+    scaled = scaled_step(m, p.phase_s)
+    if scaled is not None and scaled.step_s > 0:
+        return scaled.fixed_share * scaled.busy_s / scaled.step_s
     sh = p.shares
     busy_s = p.phase_s["compute"] + p.phase_s["sync"] + p.phase_s["other"]
     if m.flops_per_step and m.matmul_flops_per_s and busy_s > 0:

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-__all__ = ["PHASES", "Bottleneck", "Environment", "Finding", "LoaderInfo", "Measurements", "Phase",
+__all__ = ["PHASES", "BatchScaling", "Bottleneck", "Environment", "Finding", "LoaderInfo", "Measurements", "Phase",
            "Remedy", "StepSample", "Verdict"]
 
 Bottleneck = Literal["data_loading", "host_to_device", "overhead", "compute", "memory"]
@@ -53,6 +53,30 @@ class Environment:
     shm_bytes: int | None = None  # size of /dev/shm (DataLoader workers pass batches through it)
     tf32_supported: bool | None = None  # GPU has TF32 (compute capability >= 8.0)
     tf32_enabled: bool | None = None  # torch.backends.cuda.matmul.allow_tf32 / precision "high"
+    threads: int | None = None  # the training process's intra-op threads (torch.get_num_threads)
+
+
+@dataclass(frozen=True, kw_only=True)
+class BatchScaling:
+    """The step's model, forward + backward, replayed at the step's batch and ``factor`` x it
+    (:mod:`looptune.diagnose.scaling`): how its time grows with the batch, measured."""
+
+    batch: int | None  # the leading dimension of the model's input in the step
+    factor: int  # the larger batch is factor x batch
+    module: str | None = None  # the replayed module's type name
+    calls_per_step: int = 1  # calls of that module per optimizer step (accumulation: several)
+    small_s: float | None = None  # seconds per forward + backward at ``batch``
+    large_s: float | None = None  # the same at ``factor x batch``
+    note: str | None = None  # why it was not measured
+
+    @property
+    def measured(self) -> bool:
+        return bool(self.batch and self.small_s and self.large_s)
+
+    @property
+    def per_sample_gain(self) -> float:
+        """Time per sample at ``batch`` / time per sample at ``factor x batch``."""
+        return self.factor * self.small_s / self.large_s  # type: ignore[operator]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -71,6 +95,7 @@ class Measurements:
     alloc_retries: int = 0  # CUDA caching-allocator retries (cudaMalloc failed, cache flushed)
     oom: bool = False  # an out-of-memory error stopped the script
     env: Environment | None = None
+    batch_scaling: BatchScaling | None = None  # the model replayed at B and k x B
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -88,6 +113,7 @@ class Remedy:
     expected_speedup: float  # upper bound on the whole-step speedup, from the measured shares
     reason: str  # the numbers it is derived from
     kind: str = ""  # machine-readable tag, e.g. "loader", "sync", "batch", "precision"
+    measured_speedup: float | None = None  # --verify: the remedy applied and measured
 
 
 @dataclass(frozen=True, kw_only=True)

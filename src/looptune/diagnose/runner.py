@@ -8,6 +8,7 @@ and every patched function are restored whatever the script does.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import shlex
@@ -22,8 +23,9 @@ import torch
 
 from looptune.diagnose import env as env_probe
 from looptune.diagnose.collectives import RankWaits, launched_rank
-from looptune.diagnose.model import Measurements
+from looptune.diagnose.model import BatchScaling, Measurements
 from looptune.diagnose.result import MAX_WARMUP_STEPS, Diagnosis
+from looptune.diagnose.scaling import measure_scaling
 from looptune.diagnose.schedule import UNBOUNDED, Schedule
 from looptune.diagnose.script import (
     Seen,
@@ -34,6 +36,7 @@ from looptune.diagnose.script import (
     script_env,
 )
 from looptune.diagnose.verdict import analyze
+from looptune.diagnose.verify import apply_measured, parse_loader_action, verify_remedy
 from looptune.errors import ConfigError, MeasurementError
 from looptune.measure.memory import PeakMemory
 from looptune.measure.probes import StepProbes, StopScript
@@ -42,7 +45,7 @@ from looptune.measure.provenance import provenance
 if TYPE_CHECKING:
     from typing_extensions import Self  # typing.Self needs Python 3.11
 
-__all__ = ["check_target", "diagnose", "watch"]
+__all__ = ["check_target", "diagnose", "parse_loader_action", "watch"]
 
 
 
@@ -95,7 +98,8 @@ class _Run:
 
 
 def _run_once(target, args, *, module, steps, warmup, seconds, trace_dir,
-              loader_overrides: dict[str, Any] | None = None) -> _Run:
+              loader_overrides: dict[str, Any] | None = None, autocast: bool = False,
+              scale: bool = True) -> _Run:
     device = torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
     schedule = Schedule(warmup, steps, seconds, trace_dir, device)
     # a rank of a distributed job: also time its waits on the other ranks (CPU/gloo only)
@@ -118,7 +122,9 @@ def _run_once(target, args, *, module, steps, warmup, seconds, trace_dir,
           overridden_loaders(loader_overrides)):
         try:
             schedule.begin()
-            forked_children_exit_alone(run, os.getpid())
+            with (torch.autocast(device.type, dtype=torch.bfloat16) if autocast  # --verify bf16
+                  else contextlib.nullcontext()):
+                forked_children_exit_alone(run, os.getpid())
         except StopScript:
             pass
         except SystemExit as exc:
@@ -134,17 +140,20 @@ def _run_once(target, args, *, module, steps, warmup, seconds, trace_dir,
             exit_code = 1  # as python's own exit code for an uncaught exception
         finally:
             schedule.close()
+        # the model replayed at B and 4B: inside the script's environment (its threads)
+        scaling = (measure_scaling(schedule.captured, device) if scale and probes.samples
+                   else None)
     seen = Seen(time.perf_counter() - t0, probes.drawn, len(probes.loaders), schedule.stopped,
                  exit_code)
     return _collect(schedule, probes, error=error, oom=oom, device=device, waits=waits.per_step,
-                    threads=threads[0] if threads else None, seen=seen)
+                    threads=threads[0] if threads else None, seen=seen, scaling=scaling)
 
 
 
 
 def _collect(schedule: Schedule, probes: StepProbes, *, error, oom, device,
              waits: list[float] | None = None, threads: int | None = None,
-             seen: Seen | None = None) -> _Run:
+             seen: Seen | None = None, scaling: BatchScaling | None = None) -> _Run:
     samples = probes.samples
     if not samples:
         how = "" if seen is None else f" ({seen.summary()}, exit code {seen.exit_code})"
@@ -167,7 +176,9 @@ def _collect(schedule: Schedule, probes: StepProbes, *, error, oom, device,
                                  if device.type == "cpu" else None),
         ops=schedule.ops,
         peak_mem_bytes=mem.peak_bytes, mem_limit_bytes=env_probe.memory_limit(device),
-        alloc_retries=env_probe.alloc_retries(device), oom=oom, env=env_probe.environment(device))
+        alloc_retries=env_probe.alloc_retries(device), oom=oom,
+        env=env_probe.environment(device, threads),
+        batch_scaling=scaling)
     wait_s = None if waits is None or len(waits) != len(samples) else waits[window]
     before = samples[:window.start][-MAX_WARMUP_STEPS:]
     return _Run(measurements, schedule.stopped, error, [s.step_s for s in measured], mem.kind,
@@ -226,54 +237,15 @@ def diagnose(target: str | Callable, args: Sequence[str] | str = (), *, module: 
     run = _run_once(target, args, module=module, steps=steps, warmup=warmup, seconds=seconds,
                     trace_dir=trace_path)
     verdict = analyze(run.measurements)
-    checked = _verify(target, args, module, steps, warmup, seconds, verdict, run) if verify else None
+    checked = None
+    if verify:
+        def rerun(*, loader_overrides, autocast):
+            return _run_once(target, args, module=module, steps=steps, warmup=warmup,
+                             seconds=seconds, trace_dir=None, loader_overrides=loader_overrides,
+                             autocast=autocast, scale=False)
+        checked = verify_remedy(verdict, run, steps, rerun)
+        verdict = dataclasses.replace(verdict, remedies=apply_measured(verdict.remedies, checked))
     return _diagnosis(target, args, module, steps, run, verdict, checked)
-
-
-def _verify(target, args, module, steps, warmup, seconds, verdict, before: _Run) -> dict[str, Any]:
-    remedy = next((r for r in verdict.remedies if r.kind == "loader"
-                   and r.action.startswith("DataLoader(")), None)
-    if remedy is None:
-        return {"remedy": None, "reason": "no DataLoader remedy to apply; nothing was rerun"}
-    overrides = parse_loader_action(remedy.action)
-    out = {"remedy": remedy.action, "overrides": overrides, "before_step_ms": verdict.step_ms,
-           "expected_speedup": remedy.expected_speedup}
-    try:
-        after = _run_once(target, args, module=module, steps=steps, warmup=warmup,
-                          seconds=seconds, trace_dir=None, loader_overrides=overrides)
-    except MeasurementError as err:  # the rerun never reached a step: keep the first diagnosis
-        return {**out, "after_step_ms": None, "speedup": None, "error": str(err)}
-    applied = any(_matches(info, overrides) for info in after.measurements.loaders)
-    complete = after.error is None and len(after.step_s) >= min(steps, len(before.step_s))
-    after_ms = 1000 * _median(after.step_s)
-    out.update(after_step_ms=after_ms, after_steps_measured=len(after.step_s),
-               after_stopped=after.stopped, after_error=after.error, applied=applied)
-    # a speedup only for a complete rerun that really built its DataLoader with the remedy
-    out["speedup"] = verdict.step_ms / after_ms if applied and complete else None
-    if not applied:
-        out["reason"] = ("no DataLoader was constructed during the rerun with the remedy's "
-                         "settings (created once at import, or reused): nothing to compare")
-    return out
-
-
-def _matches(info, overrides: dict[str, Any]) -> bool:
-    return all(getattr(info, k, v) == v for k, v in overrides.items())
-
-
-def parse_loader_action(action: str) -> dict[str, Any]:
-    """``"DataLoader(num_workers=1, persistent_workers=True)"`` -> the keyword arguments."""
-    import ast
-
-    call = ast.parse(action.strip(), mode="eval").body
-    if not isinstance(call, ast.Call):
-        raise ConfigError(f"cannot apply remedy {action!r}: not a DataLoader(...) call")
-    return {kw.arg: ast.literal_eval(kw.value) for kw in call.keywords if kw.arg}
-
-
-def _median(values: list[float]) -> float:
-    ordered = sorted(values)
-    mid = len(ordered) // 2
-    return ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2
 
 
 def _diagnosis(target, args, module, steps, run: _Run, verdict, checked) -> Diagnosis:
@@ -345,7 +317,9 @@ class watch:
         if not self._probes.samples:
             return stopped  # nothing measured: the block's own exception (if any) goes on
         device = self._schedule.device
-        run = _collect(self._schedule, self._probes, error=error, oom=False, device=device)
+        scaling = measure_scaling(self._schedule.captured, device)  # the model at B and 4B
+        run = _collect(self._schedule, self._probes, error=error, oom=False, device=device,
+                       scaling=scaling)
         self.diagnosis = _diagnosis(self.label, (), False, self.steps or UNBOUNDED, run,
                                     analyze(run.measurements), None)
         return stopped  # any other exception propagates, after the diagnosis was taken

@@ -41,7 +41,9 @@ class Schedule:
     done: bool = False  # enough was measured; later steps (a script catching StopScript) ignored
     trace: dict[str, Any] | None = None
     memory: PeakMemory | None = None
+    captured: list[Any] = field(default_factory=list)  # the FLOP step's outermost module calls
     _flop_mode: Any = None
+    _capture: Any = None
     _op_names: Any = None
     _profiler: Any = None
     _t_measure: float = 0.0
@@ -87,12 +89,18 @@ class Schedule:
     def _start_flops(self) -> None:
         from torch.utils.flop_counter import FlopCounterMode
 
+        from looptune.diagnose.scaling import ModelCapture
+
         self._flop_mode = FlopCounterMode(display=False)
         self._flop_mode.__enter__()
         self._op_names = _OpNames()
         self._op_names.__enter__()
+        self._capture = ModelCapture().__enter__()  # the model and its inputs, for the replay
 
     def _stop_flops(self) -> None:
+        if self._capture is not None:
+            self._capture.__exit__(None, None, None)
+            self.captured, self._capture = self._capture.calls, None
         if self._op_names is not None:
             self._op_names.__exit__(None, None, None)
             self.ops, self._op_names = frozenset(self._op_names.names), None

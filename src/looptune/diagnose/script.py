@@ -137,14 +137,37 @@ def overridden_loaders(overrides: dict[str, Any] | None) -> Iterator[None]:
     original = DataLoader.__init__
 
     def patched(self, *args, **kwargs):
-        kwargs.update(overrides)
-        if kwargs.get("num_workers", 0) == 0:  # these need workers; DataLoader would refuse
-            kwargs.pop("prefetch_factor", None)
-            kwargs["persistent_workers"] = False
-        original(self, *args, **kwargs)
+        original(self, **_with_overrides(original, args, kwargs, overrides))
 
     DataLoader.__init__ = patched
     try:
         yield
     finally:
         DataLoader.__init__ = original
+
+
+def _with_overrides(init: Any, args: tuple, kwargs: dict, overrides: dict[str, Any]) -> dict:
+    """DataLoader's arguments, all by name, with ``overrides`` applied as DataLoader accepts
+    them: with a ``batch_sampler`` (Accelerate, Lightning's distributed samplers) a new batch size
+    rebuilds a torch BatchSampler, and is left out for any other kind (the rerun then reports that
+    the remedy was not applied)."""
+    import inspect
+
+    from torch.utils.data import BatchSampler
+
+    bound = inspect.signature(init).bind(None, *args, **kwargs).arguments
+    bound.pop(next(iter(bound)))  # self
+    named = {**bound.pop("kwargs", {}), **bound}  # a subclass's **kwargs
+    overrides = dict(overrides)
+    if "batch_size" in overrides:
+        size = overrides.pop("batch_size")
+        sampler = named.get("batch_sampler")
+        if sampler is None:
+            named["batch_size"] = size
+        elif type(sampler) is BatchSampler:
+            named["batch_sampler"] = BatchSampler(sampler.sampler, size, sampler.drop_last)
+    named.update(overrides)
+    if named.get("num_workers", 0) == 0:  # these need workers; DataLoader would refuse
+        named.pop("prefetch_factor", None)
+        named["persistent_workers"] = False
+    return named

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from statistics import median
 from typing import Any
 
+from looptune.diagnose.batch_rule import batch_remedy, batch_verdict, scaled_step
 from looptune.diagnose.cpu_compute import cpu_compute_remedies
 from looptune.diagnose.findings import REMEDY_SHARE, _gib, _mib, _overhead_share
 from looptune.diagnose.findings import findings as _findings
@@ -95,8 +96,6 @@ def render_breakdown(v: Verdict) -> list[tuple[str, float, float]]:
     return [(k, v.phase_ms[k], v.shares[k]) for k in PHASES]
 
 
-# --- phases and shares ---------------------------------------------------------------------------
-
 def _split(s: StepSample) -> dict[str, float]:
     """One step's phases in seconds (they sum to step_s unless probes overlapped)."""
     remaining = max(0.0, s.step_s - s.data_wait_s - s.h2d_s - s.sync_s)
@@ -157,8 +156,6 @@ def _on_cuda(m: Measurements) -> bool:
     return any(s.device_busy_s is not None for s in m.steps)
 
 
-# --- the bottleneck ------------------------------------------------------------------------------
-
 def _common_evidence(m: Measurements, p: _Profile) -> dict[str, Any]:
     ev = {"steps": len(m.steps), "warmup_steps": m.warmup_steps,
           "device": "cuda" if p.on_cuda else "cpu",
@@ -214,11 +211,15 @@ def _loader_evidence(p: _Profile, phase: str, name: str) -> dict[str, Any]:
 
 
 def _compute_or_overhead(m: Measurements, p: _Profile) -> tuple[str, dict[str, Any]]:
+    measured = None if p.on_cuda else batch_verdict(m, p.phase_s)  # CPU: the step's own scaling
     busy_s = p.phase_s["compute"] + p.phase_s["sync"] + p.phase_s["other"]
     if not (m.flops_per_step and m.matmul_flops_per_s and busy_s > 0):
-        return _fallback_rule(m, p)
+        return measured or _fallback_rule(m, p)
     achieved = m.flops_per_step / busy_s
     ratio = achieved / m.matmul_flops_per_s
+    if measured is not None:  # the FLOP rate is context: the replay decides
+        return measured[0], {**measured[1], "achieved_flops_per_s": achieved,
+                             "flops_ratio": round(ratio, 4)}
     name = "compute" if ratio >= COMPUTE_RATIO else "overhead"
     reason = (f"{m.flops_per_step:.3g} FLOP per step in {busy_s * 1e3:.3f} ms (compute+sync+"
               f"other) = {achieved / 1e9:.3g} GFLOP/s, {ratio:.1%} of the measured matmul rate "
@@ -243,14 +244,15 @@ def _fallback_rule(m: Measurements, p: _Profile) -> tuple[str, dict[str, Any]]:
                   "overhead_share": round(_overhead_share(m, p), 4)}
 
 
-# --- remedies ------------------------------------------------------------------------------------
-
 def _remedies(m: Measurements, p: _Profile, bottleneck: str, timing: str) -> list[Remedy]:
     speedups = _data_remedies(m, p) + _sync_remedies(p) + _h2d_remedies(p)
     if timing == "overhead":
         speedups += _overhead_remedies(m, p, memory_bound=bottleneck == "memory")
     elif timing == "compute":
         speedups += _compute_remedies(m, p)
+        if scaled_step(m, p.phase_s) is not None:  # measured: whatever it gains, say it
+            speedups += [r for r in [batch_remedy(m, p.phase_s, fallback_share=0.0,
+                                                  memory_bound=bottleneck == "memory")] if r]
     kept = [r for r in speedups if r.expected_speedup >= MIN_SPEEDUP]
     ranked = sorted(kept, key=lambda r: -r.expected_speedup)  # stable: ties keep rule order
     return (_memory_remedies(m, p) if bottleneck == "memory" else []) + ranked
@@ -287,36 +289,46 @@ def _data_remedies(m: Measurements, p: _Profile) -> list[Remedy]:
 
 
 def _workers_remedy(m: Measurements, p: _Profile, s: float) -> list[Remedy]:
-    """Workers overlap loading with the step: the step becomes max(data / K, rest), if the K
-    workers and the step each get a core (the pipelining bound)."""
-    if not m.loaders or m.env is None:
-        return []  # no DataLoader seen (the script's own iterator) or unknown core count
-    n, w = m.env.cpu_count, m.loaders[0].num_workers
-    k = min(n - 1, MAX_WORKERS)  # leave one core to the training step
-    data, rest = p.phase_s["data_wait"], max(p.step_s - p.phase_s["data_wait"], 1e-9)
-    if w == k:
+    """K workers overlap loading with the step: it becomes max(data / K, rest x slow). On the CPU
+    the step's own threads lose the cores the busy workers take (slow = threads / cores left);
+    K is the count with the best estimate, at most cores - 1."""
+    if not m.loaders or m.env is None:  # no DataLoader seen, or unknown core count
         return []
-    if k == 0:  # one core: workers can only take turns with the step; load in the step's process
+    n, w = m.env.cpu_count, m.loaders[0].num_workers
+    data, rest = p.phase_s["data_wait"], max(p.step_s - p.phase_s["data_wait"], 1e-9)
+    if n - 1 < 1:  # one core: workers can only take turns with the step; load in the main process
+        if w == 0:
+            return []
         reason = (f"num_workers={w} on 1 core: the workers and the step take turns on it, plus "
                   "process hand-over costs; the gain can't be bounded from these numbers (half "
                   f"the {s:.1%} data wait assumed)")
         return [_remedy(_loader_action(0, p.on_cuda), s, 0.5, reason, "loader")]
-    bound = p.step_s / max(data / k, rest)
-    if w > k:  # too many workers for the cores: they preempt the step itself
-        reason = (f"num_workers={w} on {n} cores: workers and the step compete for the CPU; "
-                  f"{k} worker(s) leave a core to the step. Bound: step / max(data wait / {k}, "
-                  f"rest) = {p.step_s * 1e3:.2f} / max({data * 1e3:.2f} / {k}, {rest * 1e3:.2f}) ms")
-    else:
-        reason = (f"data wait is {s:.1%} of the step with num_workers={w}; {k} worker(s) on {n} "
-                  f"cores overlap loading with the step, which then takes max(data wait / {k}, "
-                  f"rest) = max({data * 1e3:.2f} / {k}, {rest * 1e3:.2f}) ms")
+    t = m.env.threads or n  # the step's intra-op threads
+
+    def slow(k: int) -> float:  # the GPU does a CUDA step's arithmetic: its host threads idle
+        return 1.0 if p.on_cuda else t / max(min(t, n - k), 1)
+
+    k = max(range(1, min(n - 1, MAX_WORKERS) + 1),
+            key=lambda j: (p.step_s / max(data / j, rest * slow(j)), -j))
+    if w == k:
+        return []
+    bound = p.step_s / max(data / k, rest * slow(k))
+    why = (f"max(data wait / {k}, rest x {slow(k):.2g}) = max({data * 1e3:.2f} / {k}, "
+           f"{rest * slow(k) * 1e3:.2f}) ms" + ("" if p.on_cuda else (
+               f": the step's {t} thread(s) keep {max(min(t, n - k), 1)} of {n} cores beside {k} "
+               "busy worker(s); process hand-over and spinning threads are not modelled, "
+               "--verify measures it")))
+    head = (f"num_workers={w} on {n} cores: workers and the step compete for the CPU; {k} "
+            "worker(s) leave cores to the step" if w > k else
+            f"data wait is {s:.1%} of the step with num_workers={w}; {k} worker(s) overlap "
+            "loading with the step")
     return [Remedy(action=_loader_action(k, p.on_cuda), expected_speedup=round(min(bound, 100), 2),
-                   reason=reason, kind="loader")]
+                   reason=f"{head}, which then takes {why}", kind="loader")]
 
 
 def _loader_action(workers: int, on_cuda: bool) -> str:
-    """A literal DataLoader(...) call: the runner's --verify parses and applies its kwargs."""
-    # persistent_workers=True without workers makes DataLoader raise
+    """A literal DataLoader(...) call (--verify applies its kwargs); persistent_workers=True
+    without workers makes DataLoader raise."""
     kwargs = f"num_workers={workers}" + (", persistent_workers=True" if workers else "")
     return f"DataLoader({kwargs}{', pin_memory=True' if on_cuda else ''})"
 
@@ -351,14 +363,7 @@ def _h2d_remedies(p: _Profile) -> list[Remedy]:
 
 def _overhead_remedies(m: Measurements, p: _Profile, *, memory_bound: bool) -> list[Remedy]:
     o, other = _overhead_share(m, p), p.shares["other"]
-    out = []
-    if not memory_bound:  # a larger batch is the wrong way when memory is already the limit
-        b = m.loaders[0].batch_size if m.loaders else None
-        size = f"batch_size {b} -> {4 * b}" if b else "batch size B -> 4B"
-        out.append(_remedy(
-            f"{size} (fewer, larger steps; scale the learning rate)", o, 0.75,
-            f"per sample, not per step: the fixed per-step cost is {o:.1%} of the step and at 4x "
-            f"the batch it is paid once per 4x the samples: 1/(1 - {o:.4f} x 0.75)", "batch"))
+    out = [r for r in [batch_remedy(m, p.phase_s, fallback_share=o, memory_bound=memory_bound)] if r]
     if p.on_cuda:
         out.append(_remedy(
             "torch.compile(model), or CUDA graphs (looptune recipe 'fast')", other, 1.0,

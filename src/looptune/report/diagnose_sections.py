@@ -116,7 +116,8 @@ def _remedies(d: Diagnosis, prefix: str, files: str) -> Section:
     if not d.remedies:
         return Section(f"{prefix}Remedies", [Text("No remedy is expected to gain more than "
                                                   "run-to-run noise.")])
-    rows = [[str(i), r.action, f"up to {r.expected_speedup:.2f}x", r.reason]
+    rows = [[str(i), r.action, f"up to {r.expected_speedup:.2f}x" + (
+        "" if r.measured_speedup is None else f", measured {r.measured_speedup:.2f}x"), r.reason]
             for i, r in enumerate(d.remedies, 1)]
     bars = [plots.Bar(r.action, r.expected_speedup, f"up to {r.expected_speedup:.2f}x")
             for r in d.remedies]
@@ -131,7 +132,7 @@ def _remedies(d: Diagnosis, prefix: str, files: str) -> Section:
 
 
 def _verify(v: dict[str, Any], prefix: str, files: str) -> Section:
-    title = f"{prefix}Verify: the top DataLoader remedy, rerun"
+    title = f"{prefix}Verify: the top remedy that can be applied, rerun"
     if not v.get("remedy") or v.get("after_step_ms") is None:
         return Section(title, [Text(v.get("reason") or v.get("error") or "nothing was rerun")])
     before, after, bound = v["before_step_ms"], v["after_step_ms"], v["expected_speedup"]
@@ -145,9 +146,10 @@ def _verify(v: dict[str, Any], prefix: str, files: str) -> Section:
     rows = [["remedy", v["remedy"]], ["before, ms/step", fmt(before)],
             ["after, ms/step", fmt(after)], ["speedup measured", measured],
             ["expected, up to", f"{bound:.2f}x"]]
+    rows += [[k.replace("_", " "), str(v[k])] for k in ("per_sample", "note", "short") if v.get(k)]
     blocks: list[Any] = [Table(["", "value"], rows),
                          Figure(f"{files}verify.png", "step time before and after the remedy",
-                                "The same script rerun with the remedy's DataLoader settings.",
+                                "The same script rerun with the remedy applied from outside.",
                                 png)]
     if v.get("reason"):
         blocks.append(Text(v["reason"]))

@@ -44,16 +44,29 @@ def print_diagnosis(d: Diagnosis, console: Console) -> None:
                       f"ended first ({d.stopped})", highlight=False)
     _print_list(console, "findings", [f"[{f.severity}] {f.message}" for f in d.findings])
     _print_list(console, "remedies, largest expected gain first",
-                [f"{r.action}  (up to {r.expected_speedup:.2f}x: {r.reason})" for r in d.remedies])
+                [f"{r.action}  (up to {r.expected_speedup:.2f}x"
+                 + ("" if r.measured_speedup is None else f", measured {r.measured_speedup:.2f}x")
+                 + f": {r.reason})" for r in d.remedies])
     if d.verify:
-        v = d.verify
-        text = (f"{v['remedy']}: {v['before_step_ms']:.2f} -> {v['after_step_ms']:.2f} ms/step, "
-                f"{v['speedup']:.2f}x measured (expected up to {v['expected_speedup']:.2f}x)"
-                if v.get("remedy") else v.get("reason", ""))
-        _print_list(console, "verify", [text])
+        _print_list(console, "verify", verify_lines(d.verify))
     if d.trace:
         _print_list(console, "trace", [f"{d.trace['chrome_trace']} (open with {d.trace['open_with']})"])
         console.print(d.trace["top_ops"], highlight=False, markup=False)
+
+
+def verify_lines(v: dict) -> list[str]:
+    """--verify's outcome: the remedy rerun, before -> after, against its bound."""
+    if not v.get("remedy"):
+        return [v.get("reason", "nothing was rerun")]
+    if v.get("after_step_ms") is None:
+        return [f"{v['remedy']}: the rerun failed: {v.get('error', '?')}"]
+    unit = " per sample" if v.get("per_sample") else ""
+    measured = ("not comparable" if v.get("speedup") is None
+                else f"{v['speedup']:.2f}x{unit} measured")
+    lines = [f"{v['remedy']}: {v['before_step_ms']:.2f} -> {v['after_step_ms']:.2f} ms/step, "
+             f"{measured} (expected up to {v['expected_speedup']:.2f}x)"]
+    lines += [v[k] for k in ("note", "short", "reason") if v.get(k)]
+    return lines
 
 
 _RANK_PHASES = {"data_wait": "data wait", "host_to_device": "h2d", "sync": "host sync",

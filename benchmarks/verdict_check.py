@@ -1,0 +1,164 @@
+"""Do diagnose's verdicts and promised gains hold when checked independently? (issue 16)
+
+For every planted script (tests/diagnose/scripts) and third-party-shaped loop
+(tests/diagnose/loops), `looptune.diagnose(..., verify=True)` runs it unchanged; then:
+
+* the verdict (compute vs overhead) is checked against the whole script rerun with every
+  DataLoader at the batch B and at 4x it (2 interleaved pairs, the median): per sample 4B is
+  ``g`` times faster, so the part of the step that
+  does not grow with the batch is ``f = (4 - 4/g) / 3`` of the step, ``f x step / busy`` of its
+  busy time (compute + sync + other); overhead when that is >= 30%, as the rule says. Loops
+  without a DataLoader (the script slices its own tensors) are marked n/a;
+* the top remedy's promise against --verify's rerun with it applied (loader settings, batch size,
+  bf16); one that cannot be applied from outside the script is marked so.
+
+Goal: every checked verdict agrees, and every top remedy that was rerun measured at least 70% of
+its promise or is no longer ranked first after --verify.
+
+    python benchmarks/verdict_check.py --data ../shared/data/mnist
+    python benchmarks/verdict_check.py --smoke          # CI: one planted script, few steps
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import statistics
+import sys
+import tempfile
+from pathlib import Path
+
+import torch
+
+import looptune
+from looptune.diagnose import runner
+from looptune.diagnose.batch_rule import OVERHEAD_SHARE
+from looptune.diagnose.verify import SHORT
+
+ROOT = Path(__file__).resolve().parents[1] / "tests" / "diagnose"
+FACTOR = 4
+ROUNDS = 2  # interleaved (B, 4B) rerun pairs for the independent verdict
+
+
+def scripts(data: str | None, out_dir: str) -> list[tuple[str, list[str], int]]:
+    """(path under tests/diagnose, argv, steps)."""
+    mnist = ["--data", data] if data else []
+    planted = [("scripts/conv_compute.py", [], 20), ("scripts/tiny_ops.py", [], 60),
+               ("scripts/tiny_sync.py", [], 60), ("scripts/compute_heavy.py", [], 20),
+               ("scripts/slow_getitem.py", [], 20), ("scripts/workers.py", [], 20),
+               ("scripts/char_lm_loop.py", [], 30)]
+    loops = [("loops/pytorch_examples_mnist.py", mnist, 30),
+             ("loops/nanogpt_style.py", ["--out_dir", out_dir], 30),
+             ("loops/iterable_stream.py", ["--records", "100000"], 30),
+             ("loops/compiled_step.py", ["--samples", "16384", "--width", "512"], 30),
+             ("loops/lightning_mnist.py", ["--max-steps", "400"], 30),
+             ("loops/accelerate_loop.py", [], 30),
+             ("loops/hf_trainer.py", ["--max-steps", "400"], 30)]
+    if data is None:
+        loops = loops[1:]
+    return planted + loops
+
+
+_NEEDS = {"lightning_mnist.py": "lightning", "accelerate_loop.py": "accelerate",
+          "hf_trainer.py": "transformers"}
+
+
+def independent_verdict(d, path: Path, argv: list[str], steps: int) -> tuple[str, str]:
+    """(verdict or "n/a", how): the script rerun with every DataLoader at 4x the batch."""
+    if d.bottleneck not in ("compute", "overhead"):
+        return "n/a", f"verdict {d.bottleneck}: not a compute/overhead call"
+    if not d.loaders or not d.loaders[0].batch_size:
+        return "n/a", "no DataLoader batch size to change"
+    b = d.loaders[0].batch_size
+    gains = []
+    for _ in range(ROUNDS):  # B and 4B reruns interleaved: this VM's speed drifts for seconds
+        try:
+            runs = [runner._run_once(str(path), argv, module=False, steps=steps, warmup=5,
+                                     seconds=None, trace_dir=None,
+                                     loader_overrides={"batch_size": size}, scale=False)
+                    for size in (b, FACTOR * b)]
+        except looptune.MeasurementError as err:
+            return "n/a", f"a rerun failed: {str(err)[:120]}"
+        if not any(ld.batch_size == FACTOR * b for ld in runs[1].measurements.loaders):
+            return "n/a", f"the script's DataLoader could not be rebuilt at batch {FACTOR * b}"
+        small, large = (statistics.median(r.step_s) for r in runs)
+        gains.append(FACTOR * small / large)
+    gain = statistics.median(gains)
+    fixed = (FACTOR - FACTOR / gain) / (FACTOR - 1)  # share of the step that is per step
+    busy = sum(d.phase_ms[k] for k in ("compute", "sync", "other"))
+    share = max(0.0, fixed * d.step_ms / busy) if busy > 0 else 0.0
+    name = "overhead" if share >= OVERHEAD_SHARE else "compute"
+    return name, f"batch {b} -> {FACTOR * b}: {gain:.2f}x per sample, per-step part {share:.0%}"
+
+
+def check(path: Path, argv: list[str], steps: int) -> dict:
+    d = looptune.diagnose(str(path), argv, steps=steps, warmup=5, verify=True)
+    indep, how = independent_verdict(d, path, argv, steps)
+    v = d.verify or {}
+    top_before = v.get("remedy") if v.get("top") else None
+    promised, measured = v.get("expected_speedup"), v.get("speedup")
+    if not v.get("remedy"):
+        remedy_ok, note = None, v.get("reason", "")
+    elif measured is None:
+        remedy_ok, note = None, v.get("reason") or v.get("error") or "not comparable"
+    else:
+        still_first = d.remedies and d.remedies[0].action == v["remedy"]
+        remedy_ok = measured >= SHORT * promised or not (v.get("top") and still_first)
+        note = v.get("note", "")
+    return {"script": path.name, "verdict": d.bottleneck, "independent": indep, "how": how,
+            "agrees": None if indep == "n/a" else indep == d.bottleneck,
+            "remedy": v.get("remedy") or "-", "top": bool(top_before), "promised": promised,
+            "measured": measured, "remedy_ok": remedy_ok, "note": note,
+            "rank_now": next((i + 1 for i, r in enumerate(d.remedies)
+                              if r.action == v.get("remedy")), None)}
+
+
+def _fmt(x: float | None) -> str:
+    return "-" if x is None else f"{x:.2f}x"
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--data", default=None, help="MNIST folder (for pytorch_examples_mnist.py)")
+    p.add_argument("--only", default=None, help="comma-separated script names to run")
+    p.add_argument("--smoke", action="store_true", help="one planted script, fewer steps")
+    args = p.parse_args()
+    torch.manual_seed(0)
+    rows = []
+    with tempfile.TemporaryDirectory() as out_dir:
+        todo = scripts(args.data, out_dir)
+        if args.smoke:
+            todo = [("scripts/tiny_ops.py", [], 30)]
+        if args.only:
+            names = set(args.only.split(","))
+            todo = [t for t in todo if Path(t[0]).name in names or Path(t[0]).stem in names]
+        for rel, argv, steps in todo:
+            name = Path(rel).name
+            if name in _NEEDS and importlib.util.find_spec(_NEEDS[name]) is None:
+                print(f"{name}: skipped ({_NEEDS[name]} is not installed)")
+                continue
+            rows.append(check(ROOT / rel, argv, steps))
+            r = rows[-1]
+            print(f"{r['script']}: {r['verdict']} (independent: {r['independent']}; {r['how']}); "
+                  f"{r['remedy']}: promised {_fmt(r['promised'])}, measured "
+                  f"{_fmt(r['measured'])}{' - ' + r['note'] if r['note'] else ''}", flush=True)
+    print(f"\n{'script':<28} {'verdict':<13} {'independent':<12} {'top remedy rerun':<46} "
+          f"{'promised':>8} {'measured':>8} ok")
+    for r in rows:
+        ok = all(x is not False for x in (r["agrees"], r["remedy_ok"]))
+        print(f"{r['script']:<28} {r['verdict']:<13} {r['independent']:<12} "
+              f"{r['remedy'][:46]:<46} {_fmt(r['promised']):>8} {_fmt(r['measured']):>8} "
+              f"{'yes' if ok else 'NO'}")
+    agree = [r for r in rows if r["agrees"] is not None]
+    kept = [r for r in rows if r["remedy_ok"] is not None]
+    good = all(r["agrees"] for r in agree) and all(r["remedy_ok"] for r in kept)
+    print(f"\nverdicts checked independently: {sum(r['agrees'] for r in agree)}/{len(agree)} agree;"
+          f" remedies rerun: {sum(r['remedy_ok'] for r in kept)}/{len(kept)} measured >= "
+          f"{SHORT:.0%} of the promise or no longer first")
+    print(f"goal (issue 16): {'PASS' if good else 'FAIL'}  [{torch.__version__}, "
+          f"{torch.get_num_threads()} threads]")
+    return 0 if good or args.smoke else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,111 @@
+"""Compute or per-step overhead, and what a larger batch gains: from the model replayed at the
+step's batch B and at k x B (:mod:`looptune.diagnose.scaling`), not from one big matmul's rate.
+
+The step at k x B, per step: data wait and host-to-device copies grow with the batch (k times);
+the compute the replayed forward + backward accounts for grows as it did in the replay; the rest
+of the compute (optimizer update, loss, the script's Python), syncs and other host time stay per
+step. Per sample, the larger batch is faster by ``k x step(B) / step(kB)``: that is the batch
+remedy's bound. The share of the busy time (compute + sync + other) that does not grow with the
+batch decides the verdict: overhead from OVERHEAD_SHARE, else compute.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from looptune.diagnose.model import BatchScaling, Measurements, Remedy
+
+__all__ = ["ScaledStep", "batch_remedy", "batch_verdict", "scaled_step"]
+
+OVERHEAD_SHARE = 0.30  # per-step (batch-independent) share of the busy time that makes it overhead
+
+
+@dataclass(frozen=True)
+class ScaledStep:
+    factor: int
+    step_s: float  # the step at B: the sum of its median phases
+    large_s: float  # the step predicted at factor x B
+    busy_s: float  # compute + sync + other at B
+    busy_large_s: float  # the same at factor x B
+    replayed_s: float  # the replayed forward + backward's share of compute at B (per step)
+
+    @property
+    def speedup(self) -> float:
+        """Per-sample speedup of the whole step at factor x B."""
+        return self.factor * self.step_s / self.large_s
+
+    @property
+    def fixed_share(self) -> float:
+        """Share of the busy time that does not grow with the batch (linear model in B)."""
+        k, busy = self.factor, self.busy_s
+        if busy <= 0:
+            return 0.0
+        return min(1.0, max(0.0, (k * busy - self.busy_large_s) / ((k - 1) * busy)))
+
+
+def scaled_step(m: Measurements, phase_s: dict[str, float]) -> ScaledStep | None:
+    sc = m.batch_scaling
+    if sc is None or not sc.measured:
+        return None
+    k, compute = sc.factor, phase_s["compute"]
+    replayed = min(compute, sc.calls_per_step * sc.small_s)  # the replay may run slower than in-step
+    compute_large = (compute - replayed) + replayed * (sc.large_s / sc.small_s)
+    per_step = phase_s["sync"] + phase_s["other"]
+    grows = phase_s["data_wait"] + phase_s["host_to_device"]
+    return ScaledStep(factor=k, step_s=sum(phase_s.values()),
+                      large_s=k * grows + compute_large + per_step,
+                      busy_s=compute + per_step, busy_large_s=compute_large + per_step,
+                      replayed_s=replayed)
+
+
+def _replay_text(sc: BatchScaling) -> str:
+    big = sc.batch * sc.factor  # type: ignore[operator]
+    return (f"{sc.module} forward+backward replayed at batch {sc.batch}: {sc.small_s * 1e3:.3f} ms, "
+            f"at {big}: {sc.large_s * 1e3:.3f} ms ({sc.per_sample_gain:.2f}x per sample)")
+
+
+def batch_verdict(m: Measurements, phase_s: dict[str, float]) -> tuple[str, dict[str, Any]] | None:
+    """("compute" | "overhead", evidence) from the measured scaling; None when not measured."""
+    s = scaled_step(m, phase_s)
+    if s is None:
+        return None
+    sc = m.batch_scaling
+    name = "overhead" if s.fixed_share >= OVERHEAD_SHARE else "compute"
+    reason = (f"{_replay_text(sc)}; with the rest of the step's compute, syncs and host time per "
+              f"step, {s.fixed_share:.1%} of its busy time ({s.busy_s * 1e3:.3f} ms) does not grow "
+              f"with the batch ({'>=' if name == 'overhead' else '<'} {OVERHEAD_SHARE:.0%}: "
+              f"{'per-step overhead' if name == 'overhead' else 'the work itself'})")
+    return name, {"rule": name, "reason": reason, "fixed_share": round(s.fixed_share, 4),
+                  "threshold": OVERHEAD_SHARE, "batch_speedup": round(s.speedup, 3),
+                  "replay_batch": sc.batch, "replay_factor": sc.factor,
+                  "replay_small_ms": round(sc.small_s * 1e3, 4),
+                  "replay_large_ms": round(sc.large_s * 1e3, 4), "replay_module": sc.module}
+
+
+def batch_remedy(m: Measurements, phase_s: dict[str, float], *, fallback_share: float,
+                 memory_bound: bool) -> Remedy | None:
+    """The batch-size remedy: its bound from the replay; without one, a flagged guess."""
+    if memory_bound:  # a larger batch is the wrong way when memory is already the limit
+        return None
+    sc, s = m.batch_scaling, scaled_step(m, phase_s)
+    b = m.loaders[0].batch_size if m.loaders and m.loaders[0].batch_size else (
+        sc.batch if sc is not None and sc.batch else None)
+    k = sc.factor if sc is not None else 4
+    size = f"batch_size {b} -> {k * b}" if b else f"batch size B -> {k}B"
+    action = f"{size} (fewer, larger steps; scale the learning rate)"
+    if s is not None:
+        p = phase_s
+        reason = (f"{_replay_text(sc)}; at {k}x the batch the data wait and copies grow {k}x, the "
+                  f"replayed compute as measured, the rest ({(s.busy_s - s.replayed_s) * 1e3:.3f} "
+                  f"ms) stays per step: {k} x {s.step_s * 1e3:.3f} / ({k} x "
+                  f"{(p['data_wait'] + p['host_to_device']) * 1e3:.3f} + "
+                  f"{(s.busy_large_s) * 1e3:.3f}) ms = {s.speedup:.2f}x per sample")
+        return Remedy(action=action, expected_speedup=round(s.speedup, 2), reason=reason,
+                      kind="batch")
+    why = sc.note if sc is not None and sc.note else "the model was not replayed"
+    gain = 1 / (1 - min(0.99, fallback_share * 0.75))
+    return Remedy(action=action, expected_speedup=round(gain, 2), kind="batch", reason=(
+        f"not measured ({why}): assumes the per-step cost, {fallback_share:.1%} of the step, is "
+        f"fixed and paid once per {k}x the samples: 1/(1 - {fallback_share:.4f} x 0.75); "
+        "--verify measures it"))

@@ -1,0 +1,197 @@
+"""Compute or overhead from the model replayed at B and 4B (diagnose.scaling, batch_rule), and
+--verify applying the top remedy of any kind (diagnose.verify): rules on hand-built numbers, the
+replay on real modules, and the planted scripts end to end."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+import looptune
+from looptune.diagnose.batch_rule import batch_remedy, batch_verdict, scaled_step
+from looptune.diagnose.model import (BatchScaling, Environment, LoaderInfo, Measurements, Remedy,
+                                     StepSample, Verdict)
+from looptune.diagnose.scaling import ModelCapture, measure_scaling, replay_problem
+from looptune.diagnose.verdict import analyze
+from looptune.diagnose.verify import SHORT, apply_measured, verify_remedy
+
+SCRIPTS = Path(__file__).with_name("scripts")
+PHASE = {"data_wait": 0.001, "host_to_device": 0.0, "sync": 0.0, "compute": 0.009, "other": 0.0}
+
+
+def _m(scaling: BatchScaling | None, *, compute=0.009, data=0.001) -> Measurements:
+    steps = [StepSample(step_s=compute + data, data_wait_s=data) for _ in range(5)]
+    loader = LoaderInfo(batch_size=64, num_workers=0, pin_memory=False, prefetch_factor=None,
+                        persistent_workers=False, dataset="TensorDataset")
+    env = Environment(cpu_count=2, device_type="cpu", device_name="cpu")
+    return Measurements(steps=steps, warmup_steps=0, loaders=[loader], env=env,
+                        flops_per_step=1e8, matmul_flops_per_s=200e9, batch_scaling=scaling)
+
+
+def test_a_step_that_scales_linearly_is_compute_whatever_its_gflops():
+    # 1e8 FLOP in 9 ms = 11 GFLOP/s, 5.6% of the matmul rate: the old rule said overhead
+    linear = BatchScaling(batch=64, factor=4, module="Net", small_s=0.008, large_s=0.032)
+    name, ev = batch_verdict(_m(linear), PHASE)
+    assert name == "compute" and ev["fixed_share"] == pytest.approx(1 / 9, abs=1e-3)
+    assert "Net forward+backward replayed at batch 64: 8.000 ms, at 256: 32.000 ms" in ev["reason"]
+    v = analyze(_m(linear))
+    assert v.bottleneck == "compute" and v.evidence["rule"] == "compute"
+    batch = [r for r in v.remedies if r.kind == "batch"]
+    # per sample: 4 x 10 ms / (4 x 1 + 1 + 32) ms = 1.081x
+    assert [r.expected_speedup for r in batch] == [1.08]
+
+
+def test_a_step_that_barely_grows_is_overhead_and_the_batch_bound_comes_from_the_replay():
+    flat = BatchScaling(batch=64, factor=4, module="Tiny", small_s=0.008, large_s=0.009)
+    v = analyze(_m(flat))
+    assert v.bottleneck == "overhead" and v.evidence["fixed_share"] > 0.9
+    (batch,) = [r for r in v.remedies if r.kind == "batch"]
+    assert batch.action.startswith("batch_size 64 -> 256")
+    s = scaled_step(_m(flat), PHASE)
+    assert batch.expected_speedup == round(4 * 0.010 / (4 * 0.001 + 0.001 + 0.009), 2) == 2.86
+    assert s.speedup == pytest.approx(2.857, abs=1e-3)
+
+
+def test_replay_slower_than_the_step_scales_the_whole_compute():
+    slow = BatchScaling(batch=64, factor=4, module="Net", small_s=0.02, large_s=0.08)
+    s = scaled_step(_m(slow), PHASE)
+    assert s.replayed_s == 0.009 and s.busy_large_s == pytest.approx(0.036)
+
+
+def test_without_a_replay_the_old_rule_decides_and_the_batch_remedy_says_it_is_a_guess():
+    none = BatchScaling(batch=None, factor=4, note="no nn.Module was called in the step")
+    assert batch_verdict(_m(none), PHASE) is None
+    r = batch_remedy(_m(none), PHASE, fallback_share=0.5, memory_bound=False)
+    assert r.reason.startswith("not measured (no nn.Module was called in the step)")
+    assert "--verify measures it" in r.reason and r.expected_speedup == 1.6
+    assert batch_remedy(_m(none), PHASE, fallback_share=0.5, memory_bound=True) is None
+
+
+# --- the replay on real modules -----------------------------------------------------------------
+
+def _captured(model, *args, **kwargs):
+    loss_fn = torch.nn.CrossEntropyLoss()
+    with ModelCapture() as cap:
+        out = model(*args, **kwargs)
+        loss_fn(out if isinstance(out, torch.Tensor) else out["logits"],
+                torch.zeros(args[0].shape[0] if args else 8, dtype=torch.long))
+    return cap.calls
+
+
+def test_capture_keeps_the_outermost_calls_and_the_replay_picks_the_model():
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 3))
+    calls = _captured(model, torch.randn(8, 8))
+    assert [type(c.module).__name__ for c in calls] == ["Sequential", "CrossEntropyLoss"]
+    call, problem = replay_problem(calls)
+    assert call.module is model and problem is None
+    before = [p.detach().clone() for p in model.parameters()]
+    sc = measure_scaling(calls, torch.device("cpu"))
+    assert sc.measured and sc.batch == 8 and sc.factor == 4 and sc.module == "Sequential"
+    assert sc.small_s > 0 and sc.large_s > 0 and sc.calls_per_step == 1
+    assert all(torch.equal(a, b) for a, b in zip(before, model.parameters()))  # a private copy
+    assert all(p.grad is None for p in model.parameters())
+
+
+class _HFLike(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.emb = torch.nn.Embedding(50, 8)
+
+    def forward(self, input_ids=None, labels=None):
+        logits = self.emb(input_ids).mean(1)
+        loss = torch.nn.functional.cross_entropy(logits[:, :8], labels)
+        return {"loss": loss, "logits": logits}
+
+
+def test_keyword_inputs_and_a_returned_loss_are_replayed():
+    model = _HFLike()
+    with ModelCapture() as cap:
+        model(input_ids=torch.randint(0, 50, (6, 5)), labels=torch.randint(0, 8, (6,)))
+    sc = measure_scaling(cap.calls, torch.device("cpu"))
+    assert sc.measured and sc.batch == 6
+
+
+def test_what_cannot_be_replayed_says_why():
+    assert replay_problem([])[1] == "no nn.Module was called in the step (a functional model)"
+    loss_only = _captured(torch.nn.Identity(), torch.randn(8, 3))
+    assert "no trainable parameters" in replay_problem(loss_only)[1]
+    sc = measure_scaling(loss_only, torch.device("cpu"))
+    assert not sc.measured and "no trainable parameters" in sc.note
+
+
+# --- --verify of any kind -------------------------------------------------------------------------
+
+def _verdict(*remedies: Remedy) -> Verdict:
+    return Verdict(bottleneck="overhead", shares={}, step_ms=10.0, phase_ms={}, evidence={},
+                   findings=[], remedies=list(remedies))
+
+
+def _before(batch=64):
+    loader = SimpleNamespace(batch_size=batch)
+    return SimpleNamespace(measurements=SimpleNamespace(loaders=[loader]), step_s=[0.01] * 5)
+
+
+def test_verify_reruns_a_batch_remedy_and_compares_per_sample():
+    batch = Remedy(action="batch_size 64 -> 256 (fewer, larger steps)", expected_speedup=2.6,
+                   reason="r", kind="batch")
+    other = Remedy(action="DataLoader(num_workers=1)", expected_speedup=1.3, reason="r",
+                   kind="loader")
+    seen = {}
+
+    def rerun(*, loader_overrides, autocast):
+        seen.update(loader_overrides=loader_overrides, autocast=autocast)
+        info = SimpleNamespace(batch_size=256)  # the rerun built its DataLoader with batch 256
+        return SimpleNamespace(measurements=SimpleNamespace(loaders=[info]), step_s=[0.036] * 5,
+                               error=None, stopped="steps")
+
+    out = verify_remedy(_verdict(batch, other), _before(), 5, rerun)
+    assert seen == {"loader_overrides": {"batch_size": 256}, "autocast": False}
+    # 10 ms per 64 samples -> 36 ms per 256: 4 x 10 / 36 = 1.11x per sample, far below 2.6x
+    assert out["speedup"] == pytest.approx(40 / 36) and out["per_sample"] is True
+    assert out["top"] and "short of the 2.60x bound" in out["short"]
+    ranked = apply_measured([batch, other], out)
+    assert [r.kind for r in ranked] == ["loader", "batch"]  # ranked by what it measured
+    assert ranked[1].measured_speedup == 1.11
+
+
+def test_verify_applies_bf16_and_says_when_the_top_remedy_cannot_be_applied():
+    tensorized = Remedy(action="pre-decode the dataset", expected_speedup=2.0, reason="r",
+                        kind="tensorized")
+    bf16 = Remedy(action="bf16 autocast: torch.autocast('cpu', dtype=torch.bfloat16)",
+                  expected_speedup=1.3, reason="r", kind="precision")
+
+    def rerun(*, loader_overrides, autocast):
+        assert autocast is True and loader_overrides is None
+        return SimpleNamespace(measurements=SimpleNamespace(loaders=[]), step_s=[0.008] * 5,
+                               error=None, stopped="steps")
+
+    out = verify_remedy(_verdict(tensorized, bf16), _before(), 5, rerun)
+    assert out["autocast"] == "bf16" and out["speedup"] == pytest.approx(1.25)
+    assert not out["top"] and "cannot be applied from outside" in out["note"]
+    assert "short" not in out and 1.25 >= SHORT * 1.3
+    nothing = verify_remedy(_verdict(tensorized), _before(), 5, rerun)
+    assert nothing["remedy"] is None and "tensorized" in nothing["reason"]
+
+
+# --- planted scripts, end to end -----------------------------------------------------------------
+
+@pytest.mark.integration
+def test_conv_net_on_cpu_is_compute_and_no_batch_remedy_promises_much():
+    d = looptune.diagnose(str(SCRIPTS / "conv_compute.py"), steps=20, warmup=3)
+    assert d.bottleneck == "compute", d.evidence
+    assert d.evidence["rule"] == "compute" and "replayed at batch 64" in d.evidence["reason"]
+    assert all(r.expected_speedup <= 1.2 for r in d.remedies if r.kind == "batch"), d.remedies
+
+
+@pytest.mark.integration
+def test_tiny_ops_are_overhead_and_the_batch_remedy_pays_when_rerun():
+    d = looptune.diagnose(str(SCRIPTS / "tiny_ops.py"), steps=60, warmup=5, verify=True)
+    assert d.bottleneck == "overhead", d.evidence
+    top = d.remedies[0]
+    assert top.kind == "batch" and top.action.startswith("batch_size 8 -> 32"), d.remedies
+    v = d.verify
+    assert v["kind"] == "batch" and v["applied"] and v["per_sample"]
+    assert v["speedup"] >= SHORT * v["expected_speedup"], v
