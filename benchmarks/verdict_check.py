@@ -7,7 +7,8 @@ For every planted script (tests/diagnose/scripts) and third-party-shaped loop
   DataLoader at the batch B and at 4x it (2 interleaved pairs, the median): per sample 4B is
   ``g`` times faster, so the part of the step that
   does not grow with the batch is ``f = (4 - 4/g) / 3`` of the step, ``f x step / busy`` of its
-  busy time (compute + sync + other); overhead when that is >= 30%, as the rule says. Loops
+  busy time (compute + sync + other); overhead when that is >= 30%, as the rule says, and
+  "borderline" (agreeing with either verdict, and shown so) within 5 points of it. Loops
   without a DataLoader (the script slices its own tensors) are marked n/a;
 * the top remedy's promise against --verify's rerun with it applied (loader settings, batch size,
   bf16); one that cannot be applied from outside the script is marked so.
@@ -38,6 +39,9 @@ from looptune.diagnose.verify import SHORT
 ROOT = Path(__file__).resolve().parents[1] / "tests" / "diagnose"
 FACTOR = 4
 ROUNDS = 2  # interleaved (B, 4B) rerun pairs for the independent verdict
+# an independent per-step share this close to the threshold cannot tell the verdicts apart on
+# this VM (run-to-run spread of the reruns): "borderline", agreeing with either, and shown so
+BORDER = 0.05
 
 
 def scripts(data: str | None, out_dir: str) -> list[tuple[str, list[str], int]]:
@@ -46,7 +50,7 @@ def scripts(data: str | None, out_dir: str) -> list[tuple[str, list[str], int]]:
     planted = [("scripts/conv_compute.py", [], 20), ("scripts/tiny_ops.py", [], 60),
                ("scripts/tiny_sync.py", [], 60), ("scripts/compute_heavy.py", [], 20),
                ("scripts/slow_getitem.py", [], 20), ("scripts/workers.py", [], 20),
-               ("scripts/char_lm_loop.py", [], 30)]
+               ("scripts/char_lm_loop.py", [], 30), ("scripts/other_optimizer.py", [], 30)]
     loops = [("loops/pytorch_examples_mnist.py", mnist, 30),
              ("loops/nanogpt_style.py", ["--out_dir", out_dir], 30),
              ("loops/iterable_stream.py", ["--records", "100000"], 30),
@@ -88,6 +92,8 @@ def independent_verdict(d, path: Path, argv: list[str], steps: int) -> tuple[str
     busy = sum(d.phase_ms[k] for k in ("compute", "sync", "other"))
     share = max(0.0, fixed * d.step_ms / busy) if busy > 0 else 0.0
     name = "overhead" if share >= OVERHEAD_SHARE else "compute"
+    if abs(share - OVERHEAD_SHARE) < BORDER:
+        name = "borderline"
     return name, f"batch {b} -> {FACTOR * b}: {gain:.2f}x per sample, per-step part {share:.0%}"
 
 
@@ -106,7 +112,7 @@ def check(path: Path, argv: list[str], steps: int) -> dict:
         remedy_ok = measured >= SHORT * promised or not (v.get("top") and still_first)
         note = v.get("note", "")
     return {"script": path.name, "verdict": d.bottleneck, "independent": indep, "how": how,
-            "agrees": None if indep == "n/a" else indep == d.bottleneck,
+            "agrees": None if indep == "n/a" else indep in (d.bottleneck, "borderline"),
             "remedy": v.get("remedy") or "-", "top": bool(top_before), "promised": promised,
             "measured": measured, "remedy_ok": remedy_ok, "note": note,
             "rank_now": next((i + 1 for i, r in enumerate(d.remedies)

@@ -55,6 +55,17 @@ def test_a_step_that_barely_grows_is_overhead_and_the_batch_bound_comes_from_the
     assert s.speedup == pytest.approx(2.857, abs=1e-3)
 
 
+def test_the_bf16_bound_is_the_replay_under_autocast_when_there_is_one():
+    sc = BatchScaling(batch=64, factor=4, module="Net", small_s=0.008, large_s=0.032,
+                      bf16_s=0.004)
+    (bf16,) = [r for r in analyze(_m(sc)).remedies if r.kind == "precision"]
+    assert bf16.expected_speedup == round(10 / (10 - 8 * 0.5), 2) == 1.67
+    assert "replayed at batch 64 under bf16 autocast: 4.000 ms vs 8.000 ms in fp32" in bf16.reason
+    slower = BatchScaling(batch=64, factor=4, module="Net", small_s=0.008, large_s=0.032,
+                          bf16_s=0.009)  # bf16 slower here (no bf16 units, casts): no remedy
+    assert not [r for r in analyze(_m(slower)).remedies if r.kind == "precision"]
+
+
 def test_replay_slower_than_the_step_scales_the_whole_compute():
     slow = BatchScaling(batch=64, factor=4, module="Net", small_s=0.02, large_s=0.08)
     s = scaled_step(_m(slow), PHASE)
@@ -90,7 +101,7 @@ def test_capture_keeps_the_outermost_calls_and_the_replay_picks_the_model():
     before = [p.detach().clone() for p in model.parameters()]
     sc = measure_scaling(calls, torch.device("cpu"))
     assert sc.measured and sc.batch == 8 and sc.factor == 4 and sc.module == "Sequential"
-    assert sc.small_s > 0 and sc.large_s > 0 and sc.calls_per_step == 1
+    assert sc.small_s > 0 and sc.large_s > 0 and sc.bf16_s > 0 and sc.calls_per_step == 1
     assert all(torch.equal(a, b) for a, b in zip(before, model.parameters()))  # a private copy
     assert all(p.grad is None for p in model.parameters())
 

@@ -141,7 +141,8 @@ def test_bench_numeric_flags(no_runs, capsys, flag, value):
 
 
 @FUZZ
-@given(flag=st.sampled_from(["--steps", "--warmup", "--seconds", "--nproc"]), value=values)
+@given(flag=st.sampled_from(["--steps", "--warmup", "--seconds", "--nproc",
+                             "--first-step-timeout"]), value=values)
 @example(flag="--seconds", value="inf")  # was: accepted
 def test_diagnose_numeric_flags(no_runs, capsys, flag, value):
     code, err = run_cli(["diagnose", f"{flag}={value}", str(no_runs)], capsys)

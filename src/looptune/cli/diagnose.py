@@ -22,7 +22,7 @@ from looptune.diagnose import rank_files
 from looptune.diagnose.collectives import launched_rank
 from looptune.diagnose.ranks import merge_ranks
 from looptune.diagnose.result import Diagnosis
-from looptune.diagnose.runner import check_target, diagnose
+from looptune.diagnose.runner import FIRST_STEP_TIMEOUT_S, check_target, diagnose
 from looptune.dist.launch import LaunchFailed, launch, nproc_problem
 from looptune.errors import ConfigError
 from looptune.report.build import save_and_render
@@ -43,7 +43,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--trace", metavar="DIR", default=None,
                    help="also write a torch.profiler trace of a few steps (Chrome/Perfetto)")
     p.add_argument("--verify", action="store_true",
-                   help="rerun with the top DataLoader remedy applied; report before -> after")
+                   help="rerun with the top remedy that can be applied from outside the script "
+                        "(DataLoader settings, batch size, bf16); report before -> after")
+    p.add_argument("--first-step-timeout", type=float, default=FIRST_STEP_TIMEOUT_S, metavar="S",
+                   help="stop the script if no step boundary (optimizer step, or backward call "
+                        f"without a torch.optim optimizer) came within S seconds (default "
+                        f"{FIRST_STEP_TIMEOUT_S:g}); 0 waits for the script")
     p.add_argument("--nproc", type=int, default=None, metavar="N",
                    help="run the script as N ranks of a torch.distributed job (as torchrun "
                         "--standalone --nproc_per_node N); print a row per rank and the slowest")
@@ -58,7 +63,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 _VALUED = {"--steps", "--warmup", "--seconds", "--json", "--trace", "--nproc", "--rank-dir",
-           "--report", "--tensorboard"}
+           "--report", "--tensorboard", "--first-step-timeout"}
 
 
 def split_argv(argv: list[str]) -> list[str]:
@@ -84,7 +89,7 @@ def run(args: argparse.Namespace) -> int:
         return _launch_ranks(args, target, script_args, module, steps)
     result = diagnose(target, script_args, module=module, steps=steps,
                       warmup=args.warmup, seconds=args.seconds, trace_dir=_trace_dir(args),
-                      verify=args.verify)
+                      verify=args.verify, first_step_timeout=args.first_step_timeout or None)
     if args.rank_dir is not None:  # a rank of --nproc: the launching process reports
         rank_files.write_rank(args.rank_dir, result)
     elif result.world_size is not None and result.world_size > 1:  # a rank under torchrun
@@ -108,6 +113,9 @@ def _check(args: argparse.Namespace, target: str, module: bool, steps: int | Non
     """Every problem with the arguments, before anything runs or is launched."""
     problems = check_target(target, module=module, steps=steps, warmup=args.warmup,
                             seconds=args.seconds, trace_dir=args.trace)
+    if not 0 <= args.first_step_timeout < float("inf"):
+        problems.append(f"--first-step-timeout {args.first_step_timeout!r} is invalid: seconds "
+                        ">= 0 (0 waits for the script), e.g. --first-step-timeout 120.")
     if args.json is not None:
         problems += [p for p in [writable_problem(args.json, "--json")] if p]
     if args.tensorboard is not None:
@@ -176,7 +184,8 @@ def _launch_ranks(args: argparse.Namespace, target: str, script_args: list[str],
                   steps: int) -> int:
     """Run the script as ``args.nproc`` ranks, each diagnosing itself; report all of them."""
     folder = Path(tempfile.mkdtemp(prefix="looptune-diagnose-"))
-    options = ["--steps", str(steps), "--warmup", str(args.warmup), "--rank-dir", str(folder)]
+    options = ["--steps", str(steps), "--warmup", str(args.warmup), "--rank-dir", str(folder),
+               "--first-step-timeout", str(args.first_step_timeout)]
     if args.trace is not None:
         options += ["--trace", str(args.trace)]
     script = ["-m", target] if module else [target]

@@ -67,6 +67,7 @@ class BatchScaling:
     calls_per_step: int = 1  # calls of that module per optimizer step (accumulation: several)
     small_s: float | None = None  # seconds per forward + backward at ``batch``
     large_s: float | None = None  # the same at ``factor x batch``
+    bf16_s: float | None = None  # the same at ``batch`` under bf16 autocast
     note: str | None = None  # why it was not measured
 
     @property

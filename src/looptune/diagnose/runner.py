@@ -45,7 +45,9 @@ from looptune.measure.provenance import provenance
 if TYPE_CHECKING:
     from typing_extensions import Self  # typing.Self needs Python 3.11
 
-__all__ = ["check_target", "diagnose", "parse_loader_action", "watch"]
+__all__ = ["FIRST_STEP_TIMEOUT_S", "check_target", "diagnose", "parse_loader_action", "watch"]
+
+FIRST_STEP_TIMEOUT_S = 60.0  # default wait for the first step boundary before stopping a script
 
 
 
@@ -95,11 +97,12 @@ class _Run:
     data_wait_s: list[float] | None = None  # per measured step: blocked on the next batch
     warmup_step_s: list[float] | None = None  # the steps before the measured ones
     exit_code: int = 0  # the status `python script.py` would have exited with
+    step_signal: str = "optimizer.step"  # what marked the step boundaries
 
 
 def _run_once(target, args, *, module, steps, warmup, seconds, trace_dir,
               loader_overrides: dict[str, Any] | None = None, autocast: bool = False,
-              scale: bool = True) -> _Run:
+              scale: bool = True, first_step_timeout: float | None = None) -> _Run:
     device = torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
     schedule = Schedule(warmup, steps, seconds, trace_dir, device)
     # a rank of a distributed job: also time its waits on the other ranks (CPU/gloo only)
@@ -115,7 +118,7 @@ def _run_once(target, args, *, module, steps, warmup, seconds, trace_dir,
         threads[:] = [torch.get_num_threads()]
         schedule.on_step(n)
 
-    probes = StepProbes(on_step=on_step)
+    probes = StepProbes(on_step=on_step, first_step_timeout_s=first_step_timeout)
     error, oom, exit_code = None, False, 0
     t0 = time.perf_counter()
     with (script_env(target, args, module) as run, probes, waits,
@@ -141,6 +144,7 @@ def _run_once(target, args, *, module, steps, warmup, seconds, trace_dir,
         finally:
             schedule.close()
         # the model replayed at B and 4B: inside the script's environment (its threads)
+        probes.paused = True  # the replay's own backward calls are no steps of the script
         scaling = (measure_scaling(schedule.captured, device) if scale and probes.samples
                    else None)
     seen = Seen(time.perf_counter() - t0, probes.drawn, len(probes.loaders), schedule.stopped,
@@ -155,6 +159,12 @@ def _collect(schedule: Schedule, probes: StepProbes, *, error, oom, device,
              waits: list[float] | None = None, threads: int | None = None,
              seen: Seen | None = None, scaling: BatchScaling | None = None) -> _Run:
     samples = probes.samples
+    if not samples and probes.gave_up:
+        raise MeasurementError(
+            f"stopped the script: {probes.gave_up}. diagnose finds step boundaries through "
+            "torch.optim optimizers, or, when the script builds none, its backward calls. Check "
+            "that the script reaches its training loop with the arguments given; if its first "
+            "step really takes longer, raise --first-step-timeout (first_step_timeout=).")
     if not samples:
         how = "" if seen is None else f" ({seen.summary()}, exit code {seen.exit_code})"
         raise MeasurementError(
@@ -183,7 +193,8 @@ def _collect(schedule: Schedule, probes: StepProbes, *, error, oom, device,
     before = samples[:window.start][-MAX_WARMUP_STEPS:]
     return _Run(measurements, schedule.stopped, error, [s.step_s for s in measured], mem.kind,
                 schedule.trace, len(samples), wait_s, [s.data_wait_s for s in measured],
-                [s.step_s for s in before], 0 if seen is None else seen.exit_code)
+                [s.step_s for s in before], 0 if seen is None else seen.exit_code,
+                probes.signal or "optimizer.step")
 
 
 def _measured(n: int, schedule: Schedule) -> slice:
@@ -200,7 +211,8 @@ def _measured(n: int, schedule: Schedule) -> slice:
 
 def diagnose(target: str | Callable, args: Sequence[str] | str = (), *, module: bool = False,
              steps: int | None = 50, warmup: int = 5, seconds: float | None = None,
-             trace_dir: str | os.PathLike | None = None, verify: bool = False) -> Diagnosis:
+             trace_dir: str | os.PathLike | None = None, verify: bool = False,
+             first_step_timeout: float | None = FIRST_STEP_TIMEOUT_S) -> Diagnosis:
     """Run a training script (or callable) unchanged and say where each step's time goes.
 
     Args:
@@ -211,7 +223,11 @@ def diagnose(target: str | Callable, args: Sequence[str] | str = (), *, module: 
         warmup: optimizer steps skipped before measuring (start-up, first-call costs).
         seconds: stop measuring after this long instead, if reached before ``steps``.
         trace_dir: also record a torch.profiler trace of a few steps there (Chrome/Perfetto).
-        verify: rerun with the top DataLoader remedy applied and measure before -> after.
+        verify: rerun with the top remedy that can be applied from outside the script
+            (DataLoader settings, batch size, bf16 autocast) and measure before -> after.
+        first_step_timeout: seconds to wait for the first step boundary (an optimizer step,
+            or a backward call when the script builds no torch.optim optimizer); past it the
+            script is stopped and the error says what was seen. None: wait for the script.
 
     Returns:
         A frozen :class:`Diagnosis`: bottleneck, shares, ranked remedies, findings, evidence.
@@ -221,7 +237,7 @@ def diagnose(target: str | Callable, args: Sequence[str] | str = (), *, module: 
 
     Raises:
         ConfigError: bad arguments (before anything runs).
-        MeasurementError: the script never reached an optimizer step.
+        MeasurementError: the script never reached a step boundary (in time).
 
     Example:
         >>> d = looptune.diagnose("train.py", ["--epochs", "1"], steps=30)  # doctest: +SKIP
@@ -229,20 +245,25 @@ def diagnose(target: str | Callable, args: Sequence[str] | str = (), *, module: 
     """
     problems = check_target(target, module=module, steps=steps, warmup=warmup, seconds=seconds,
                             trace_dir=trace_dir)
+    if first_step_timeout is not None and not (
+            isinstance(first_step_timeout, (int, float)) and not isinstance(first_step_timeout, bool)
+            and 0 < first_step_timeout < float("inf")):
+        problems.append(f"first_step_timeout={first_step_timeout!r} is invalid: seconds > 0 "
+                        "(finite), or None to wait for the script, e.g. --first-step-timeout 120.")
     if problems:
         raise ConfigError(problems)
     args = shlex.split(args) if isinstance(args, str) else list(args)  # "--lr 1" is two args
     steps = UNBOUNDED if steps is None else steps
     trace_path = None if trace_dir is None else Path(trace_dir)
     run = _run_once(target, args, module=module, steps=steps, warmup=warmup, seconds=seconds,
-                    trace_dir=trace_path)
+                    trace_dir=trace_path, first_step_timeout=first_step_timeout)
     verdict = analyze(run.measurements)
     checked = None
     if verify:
         def rerun(*, loader_overrides, autocast):
             return _run_once(target, args, module=module, steps=steps, warmup=warmup,
                              seconds=seconds, trace_dir=None, loader_overrides=loader_overrides,
-                             autocast=autocast, scale=False)
+                             autocast=autocast, scale=False, first_step_timeout=first_step_timeout)
         checked = verify_remedy(verdict, run, steps, rerun)
         verdict = dataclasses.replace(verdict, remedies=apply_measured(verdict.remedies, checked))
     return _diagnosis(target, args, module, steps, run, verdict, checked)
@@ -264,7 +285,7 @@ def _diagnosis(target, args, module, steps, run: _Run, verdict, checked) -> Diag
         trace=run.trace, provenance=provenance(device), rank=rank,
         world_size=None if rank is None else world,
         wait_s=run.wait_s, data_wait_step_s=run.data_wait_s, warmup_step_s=run.warmup_step_s or [],
-        exit_code=run.exit_code)
+        exit_code=run.exit_code, step_signal=run.step_signal)
 
 
 class watch:

@@ -8,7 +8,12 @@ to the end of the next):
 * host-to-device copies: time, bytes, pinned or pageable (``Tensor.to``/``.cuda`` to a GPU);
 * host syncs: ``.item()``, ``.tolist()``, ``.cpu()``, ``.numpy()`` and printing tensors that live
   on an accelerator (a CPU tensor has nothing to wait for);
-* step boundaries: a global optimizer step post-hook (torch's own hook API, no patching).
+* step boundaries: a global optimizer step post-hook (torch's own hook API, no patching); a
+  script that built no torch.optim optimizer (weights updated by hand, a third-party optimizer)
+  gets its boundaries from ``loss.backward()`` / ``torch.autograd.backward`` calls instead
+  (``signal`` says which);
+* a deadline for the first boundary (``first_step_timeout_s``): past it, with none seen, the
+  script is stopped (``gave_up`` says what was seen) instead of running to its end.
 
 Each probe costs a ``perf_counter`` pair and a Python call (~1 us), far below a step's time.
 """
@@ -43,8 +48,16 @@ class StopScript(BaseException):
 class StepProbes:
     """Per-step phase probes. ``on_step(n)`` runs after the n-th optimizer step (1-based)."""
 
-    def __init__(self, *, on_step: Callable[[int], None] | None = None) -> None:
+    def __init__(self, *, on_step: Callable[[int], None] | None = None,
+                 first_step_timeout_s: float | None = None) -> None:
         self.on_step = on_step
+        self.first_step_timeout_s = first_step_timeout_s
+        self.signal: str | None = None  # what marks a step: "optimizer.step" | "backward"
+        self.backwards = 0  # backward calls by the training thread
+        self.optimizers_built = 0  # torch.optim optimizers constructed while the probes were on
+        self.gave_up: str | None = None  # why the script was stopped before any step boundary
+        self.paused = False  # looptune's own work inside the block (the replay): not the script's
+        self._t_begin = time.perf_counter()
         self.samples: list[StepSample] = []
         self.loaders: dict[int, LoaderInfo] = {}
         self.batches: dict[int, int] = {}  # batches drawn per loader: the training loader leads
@@ -62,8 +75,11 @@ class StepProbes:
     # -- lifecycle -------------------------------------------------------------------------
     def __enter__(self) -> StepProbes:
         self._reset(time.perf_counter())
+        self._t_begin = time.perf_counter()
         handle = register_optimizer_step_post_hook(self._step_hook)
         self._restore.append(handle.remove)
+        self._patch(torch.optim.Optimizer, "__init__", self._counted_init)
+        self._patch(torch.autograd, "backward", self._backward_probe)
         self._patch(_BaseDataLoaderIter, "__next__", self._timed_next)
         self._patch(DataLoader, "__iter__", self._recorded_iter)
         for name in _SYNC_METHODS:
@@ -96,11 +112,17 @@ class StepProbes:
 
     # -- step boundary ---------------------------------------------------------------------
     def _step_hook(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        if self.signal == "backward" or self.paused:
+            return  # the script's boundaries are its backward calls (no optimizer at the start)
+        self.signal = "optimizer.step"
         owner = None if self._optimizer is None else self._optimizer()
         if owner is None:  # the first optimizer, or the one before was deleted
             self._optimizer, self._thread = _weak(optimizer), threading.get_ident()
         elif owner is not optimizer:
             return  # another optimizer in the same iteration: the first one marks the step
+        self._boundary()
+
+    def _boundary(self) -> None:
         now = time.perf_counter()
         self.samples.append(StepSample(
             step_s=now - self._t_last, data_wait_s=self._wait, h2d_s=self._h2d,
@@ -110,6 +132,49 @@ class StepProbes:
         if self.on_step is not None:
             self.on_step(self.steps)  # may raise StopScript; may take time (not counted)
         self._reset(time.perf_counter())
+
+    def _counted_init(self, original: Callable) -> Callable:
+        probes = self
+
+        def __init__(optimizer, *args, **kwargs):
+            probes.optimizers_built += 1
+            return original(optimizer, *args, **kwargs)
+
+        return __init__
+
+    def _backward_probe(self, original: Callable) -> Callable:
+        probes = self
+
+        def backward(*args, **kwargs):
+            out = original(*args, **kwargs)
+            if threading.get_ident() == probes._thread and not probes.paused:
+                probes._after_backward()
+            return out
+
+        return backward
+
+    def _after_backward(self) -> None:
+        self.backwards += 1
+        if self.signal is None and self.optimizers_built == 0:
+            self.signal = "backward"  # no torch.optim optimizer: updates by hand or elsewhere
+        if self.signal == "backward":
+            self._boundary()
+        else:
+            self._check_deadline()
+
+    def _check_deadline(self) -> None:
+        """No step boundary yet, past the deadline: stop the script, saying what was seen."""
+        limit = self.first_step_timeout_s
+        if self.steps or limit is None or self.gave_up is not None:
+            return
+        elapsed = time.perf_counter() - self._t_begin
+        if elapsed >= limit:
+            self.gave_up = (f"no step boundary within {limit:g} s: in {elapsed:.1f} s the script "
+                            f"drew {self.drawn} batch(es) from {len(self.loaders)} DataLoader(s), "
+                            f"made {self.backwards} backward call(s) and built "
+                            f"{self.optimizers_built} torch.optim optimizer(s), none of which "
+                            "stepped")
+            raise StopScript
 
     # -- probes ----------------------------------------------------------------------------
     def _timed_next(self, original: Callable) -> Callable:
@@ -123,6 +188,7 @@ class StepProbes:
             try:
                 batch = original(it)
                 probes.drawn += 1
+                probes._check_deadline()
                 return batch
             finally:
                 probes._in_data = outer

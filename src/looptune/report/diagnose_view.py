@@ -31,6 +31,10 @@ def breakdown_table(d: Diagnosis) -> Table:
 def print_diagnosis(d: Diagnosis, console: Console) -> None:
     console.print(f"{d.script}: {d.steps_measured} steps measured after {d.warmup_steps} warm-up, "
                   f"median step {d.step_ms:.2f} ms", highlight=False, markup=False)
+    if d.step_signal != "optimizer.step":
+        console.print("  steps: one per backward call (the script built no torch.optim optimizer: "
+                      "weights updated by hand or by another optimizer)", highlight=False,
+                      markup=False)
     console.print(breakdown_table(d))
     console.print(f"[bold]bottleneck: {d.bottleneck}[/bold]", highlight=False)
     for key, value in d.evidence.items():
