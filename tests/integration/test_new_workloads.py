@@ -395,8 +395,12 @@ def test_diagnose_char_lm_loop_is_not_data_loading(monkeypatch):
     assert d.bottleneck in {"compute", "overhead"}, (d.shares, d.evidence)
     assert d.shares["data_wait"] < 0.1 and d.loaders[0].dataset == "TokenWindowDataset"
     if d.bottleneck == "compute":  # the GPT's SDPA runs the CPU flash kernel: bf16 pins math
+        # the bf16 bound is the model replayed under autocast (math kernel): offered only when
+        # that replay was faster, and then with the kernel pinned
+        assert d.evidence["replay_module"] == "GPT"  # the model itself was replayed
         bf16 = [r for r in d.remedies if r.kind == "precision"]
-        assert bf16 and "sdpa_kernel(SDPBackend.MATH)" in bf16[0].action, d.remedies
+        assert all("sdpa_kernel(SDPBackend.MATH)" in r.action and "under bf16 autocast" in r.reason
+                   for r in bf16), d.remedies
 
 
 # --- 8. bad input: refused before any training, the value named, the fix given ------------------

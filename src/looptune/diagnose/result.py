@@ -41,8 +41,9 @@ class Diagnosis:
     # the status `python script.py` would have exited with: 0 also when diagnose stopped it after
     # the measured steps; sys.exit(N) -> N; an uncaught exception -> 1
     exit_code: int = 0
-    # what marked a step: "optimizer.step" (a torch.optim optimizer), or "backward" (the script
-    # built none: weights updated by hand or by a third-party optimizer; one backward = one step)
+    # what marked a step: "optimizer.step" (a torch.optim optimizer); when the script built none
+    # (weights updated by hand, a third-party optimizer): "parameter update" (in-place ops on the
+    # parameters after a backward, one per update) or "backward" (one per backward call)
     step_signal: str = "optimizer.step"
     verify: dict[str, Any] | None = None  # --verify: remedy, before/after step ms, speedup
     trace: dict[str, Any] | None = None  # --trace: files written and the top operators table

@@ -183,13 +183,25 @@ def _replayer(model: torch.nn.Module, args: tuple, kwargs: dict, device: torch.d
     def once() -> None:
         for p in model.parameters():
             p.grad = None
-        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16):
+        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16), _math_sdpa(bf16):
             out = model(*args, **kwargs)
         loss = _scalar(out)
         if loss is None:
             raise TypeError("the model's output has no floating-point tensor that needs a grad")
         loss.backward()
     return once
+
+
+def _math_sdpa(on: bool):
+    """bf16 as the remedy applies it: scaled_dot_product_attention pinned to its math kernel (the
+    CPU flash kernel's bf16 backward is slow); no effect on a model without attention."""
+    import contextlib
+
+    if not on:
+        return contextlib.nullcontext()
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    return sdpa_kernel(SDPBackend.MATH)
 
 
 def _time(fn, device: torch.device) -> float:

@@ -10,8 +10,9 @@ to the end of the next):
   on an accelerator (a CPU tensor has nothing to wait for);
 * step boundaries: a global optimizer step post-hook (torch's own hook API, no patching); a
   script that built no torch.optim optimizer (weights updated by hand, a third-party optimizer)
-  gets its boundaries from ``loss.backward()`` / ``torch.autograd.backward`` calls instead
-  (``signal`` says which);
+  gets its boundaries from its updates of the parameters (in-place ops on a parameter's storage
+  after a backward: one per update, also with accumulation) or, until one is seen, from its
+  ``loss.backward()`` / ``torch.autograd.backward`` calls (``signal`` says which);
 * a deadline for the first boundary (``first_step_timeout_s``): past it, with none seen, the
   script is stopped (``gave_up`` says what was seen) instead of running to its end.
 
@@ -32,10 +33,14 @@ from torch.utils.data import DataLoader
 from torch.utils.data.dataloader import _BaseDataLoaderIter
 
 from looptune.diagnose.model import LoaderInfo, StepSample
+from looptune.measure.loader_info import batches_per_pass, loader_info
 
 __all__ = ["StepProbes", "StopScript"]
 
 _SYNC_METHODS = ("item", "tolist", "cpu", "numpy", "__repr__", "__format__")
+# in-place ops a hand-written update applies to a parameter (p.data.add_, p -= lr * p.grad, ...)
+_UPDATE_METHODS = ("add_", "sub_", "mul_", "copy_", "addcdiv_", "addcmul_", "lerp_", "__iadd__",
+                   "__isub__")
 
 
 class StopScript(BaseException):
@@ -52,7 +57,10 @@ class StepProbes:
                  first_step_timeout_s: float | None = None) -> None:
         self.on_step = on_step
         self.first_step_timeout_s = first_step_timeout_s
-        self.signal: str | None = None  # what marks a step: "optimizer.step" | "backward"
+        # what marks a step: "optimizer.step" | "parameter update" | "backward"
+        self.signal: str | None = None
+        self._params: set[int] | None = None  # storages of the parameters the backward reached
+        self._pending = False  # a backward since the last boundary (an update may follow)
         self.backwards = 0  # backward calls by the training thread
         self.optimizers_built = 0  # torch.optim optimizers constructed while the probes were on
         self.gave_up: str | None = None  # why the script was stopped before any step boundary
@@ -80,6 +88,8 @@ class StepProbes:
         self._restore.append(handle.remove)
         self._patch(torch.optim.Optimizer, "__init__", self._counted_init)
         self._patch(torch.autograd, "backward", self._backward_probe)
+        for name in _UPDATE_METHODS:
+            self._patch(torch.Tensor, name, self._update_probe(name))
         self._patch(_BaseDataLoaderIter, "__next__", self._timed_next)
         self._patch(DataLoader, "__iter__", self._recorded_iter)
         for name in _SYNC_METHODS:
@@ -112,8 +122,8 @@ class StepProbes:
 
     # -- step boundary ---------------------------------------------------------------------
     def _step_hook(self, optimizer: Any, args: Any, kwargs: Any) -> None:
-        if self.signal == "backward" or self.paused:
-            return  # the script's boundaries are its backward calls (no optimizer at the start)
+        if self.signal in ("backward", "parameter update") or self.paused:
+            return  # the script's boundaries are its own (no torch.optim optimizer at the start)
         self.signal = "optimizer.step"
         owner = None if self._optimizer is None else self._optimizer()
         if owner is None:  # the first optimizer, or the one before was deleted
@@ -146,8 +156,11 @@ class StepProbes:
         probes = self
 
         def backward(*args, **kwargs):
+            ours = threading.get_ident() == probes._thread and not probes.paused
+            if ours and probes._params is None and probes.optimizers_built == 0:
+                probes._params = _leaf_storages(args[0] if args else kwargs.get("tensors"))
             out = original(*args, **kwargs)
-            if threading.get_ident() == probes._thread and not probes.paused:
+            if ours:
                 probes._after_backward()
             return out
 
@@ -161,6 +174,27 @@ class StepProbes:
             self._boundary()
         else:
             self._check_deadline()
+        self._pending = True
+
+    def _update_probe(self, name: str) -> Callable[[Callable], Callable]:
+        probes = self
+
+        def make(original: Callable) -> Callable:
+            def probe(tensor, *args, **kwargs):
+                out = original(tensor, *args, **kwargs)
+                if (probes._pending and probes._params and not probes.paused
+                        and probes.signal in ("backward", "parameter update")
+                        and threading.get_ident() == probes._thread
+                        and tensor.untyped_storage().data_ptr() in probes._params):
+                    probes._pending = False  # the first op of this update ends the step
+                    probes.signal = "parameter update"
+                    probes._boundary()
+                return out
+
+            probe.__name__ = name
+            return probe
+
+        return make
 
     def _check_deadline(self) -> None:
         """No step boundary yet, past the deadline: stop the script, saying what was seen."""
@@ -201,9 +235,9 @@ class StepProbes:
         callable directly for a loader whose iterator was made before the probes went on, as
         a framework does before its training hooks run)."""
         if id(loader) not in self.loaders:
-            self.loaders[id(loader)] = _loader_info(loader)
+            self.loaders[id(loader)] = loader_info(loader)
         self.batches.setdefault(id(loader), 0)
-        self.batches[id(loader)] += _batches(loader)
+        self.batches[id(loader)] += batches_per_pass(loader)
 
     def _recorded_iter(self, original: Callable) -> Callable:
         probes = self
@@ -262,6 +296,24 @@ class StepProbes:
         return make
 
 
+def _leaf_storages(tensors: Any, limit: int = 100_000) -> set[int]:
+    """Storage addresses of the leaf tensors (parameters) the backward of ``tensors`` reaches:
+    the AccumulateGrad nodes of the autograd graph, walked once."""
+    roots = [tensors] if isinstance(tensors, torch.Tensor) else list(tensors or ())
+    stack = [t.grad_fn for t in roots if isinstance(t, torch.Tensor) and t.grad_fn is not None]
+    seen, found = set(), set()
+    while stack and len(seen) < limit:
+        node = stack.pop()
+        if node is None or id(node) in seen:
+            continue
+        seen.add(id(node))
+        leaf = getattr(node, "variable", None)
+        if isinstance(leaf, torch.Tensor):
+            found.add(leaf.untyped_storage().data_ptr())
+        stack.extend(n for n, _ in node.next_functions)
+    return found
+
+
 def _weak(obj: Any) -> Callable[[], Any]:
     try:
         return weakref.ref(obj)
@@ -277,87 +329,3 @@ def _targets_cuda(name: str, args: tuple, kwargs: dict) -> bool:
     except (TypeError, RuntimeError):
         return False
     return device is not None and device.type == "cuda"
-
-
-def _batches(loader: Any) -> int:
-    """Batches one pass over ``loader`` yields; 1 for a stream (an IterableDataset has no len:
-    DataLoader.__len__ raises TypeError for it)."""
-    try:
-        return len(loader)
-    except TypeError:
-        return 1
-
-
-def _loader_info(loader: DataLoader) -> LoaderInfo:
-    workers = loader.num_workers
-    batch_bytes, random = _first_sample(loader)
-    return LoaderInfo(batch_size=_batch_size(loader), num_workers=workers,
-                      pin_memory=bool(loader.pin_memory),
-                      prefetch_factor=loader.prefetch_factor if workers > 0 else None,
-                      persistent_workers=bool(loader.persistent_workers),
-                      dataset=type(_user_dataset(loader)).__name__, batch_bytes=batch_bytes,
-                      random_per_sample=random)
-
-
-def _user_dataset(loader: DataLoader) -> object:
-    """The loader's dataset, seen through looptune's own sample-tracing wrapper."""
-    from looptune.data.faults import Traced
-
-    ds = loader.dataset
-    return ds.dataset if isinstance(ds, Traced) else ds
-
-
-def _batch_size(loader: DataLoader) -> int | None:
-    """The loader's batch size, also when a wrapper batches through its own batch_sampler
-    (Accelerate's DataLoaderShard has batch_size None and a BatchSamplerShard that knows it)."""
-    if loader.batch_size is not None:
-        return loader.batch_size
-    size = getattr(getattr(loader, "batch_sampler", None), "batch_size", None)
-    return size if isinstance(size, int) and not isinstance(size, bool) else None
-
-
-def _first_sample(loader: DataLoader) -> tuple[int | None, bool | None]:
-    """Bytes of one batch, estimated from one sample x batch size (no batch is drawn twice), and
-    whether ``dataset[0]`` read twice differs: a random per-sample transform (augmentation).
-
-    The RNG states are restored afterwards: a random augmentation in ``__getitem__`` must not
-    shift the script's random stream (the probes must not change its results).
-    """
-    from looptune.engine.checkpoint import rng_state, set_rng_state
-
-    saved = rng_state()
-    try:
-        sample = loader.dataset[0]
-        again = loader.dataset[0]  # the RNG has moved on: a random transform draws anew
-    except Exception:  # iterable datasets, or __getitem__ that needs more: unknown
-        return None, None
-    finally:
-        set_rng_state(saved)
-    size = _tensor_bytes(sample)
-    batch = _batch_size(loader)
-    batch_bytes = None if size == 0 or batch is None else size * batch
-    return batch_bytes, _differs(sample, again)
-
-
-def _differs(a: Any, b: Any) -> bool | None:
-    """Whether two samples' tensors differ (None when they hold no tensor to compare)."""
-    if isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor):
-        return a.shape != b.shape or not torch.equal(a, b)
-    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)) and len(a) == len(b):
-        found = [_differs(x, y) for x, y in zip(a, b)]
-    elif isinstance(a, dict) and isinstance(b, dict) and a.keys() == b.keys():
-        found = [_differs(a[k], b[k]) for k in a]
-    else:
-        return None
-    known = [f for f in found if f is not None]
-    return any(known) if known else None
-
-
-def _tensor_bytes(obj: Any) -> int:
-    if isinstance(obj, torch.Tensor):
-        return obj.numel() * obj.element_size()
-    if isinstance(obj, (list, tuple)):
-        return sum(_tensor_bytes(o) for o in obj)
-    if isinstance(obj, dict):
-        return sum(_tensor_bytes(o) for o in obj.values())
-    return 0

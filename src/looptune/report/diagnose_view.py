@@ -32,9 +32,10 @@ def print_diagnosis(d: Diagnosis, console: Console) -> None:
     console.print(f"{d.script}: {d.steps_measured} steps measured after {d.warmup_steps} warm-up, "
                   f"median step {d.step_ms:.2f} ms", highlight=False, markup=False)
     if d.step_signal != "optimizer.step":
-        console.print("  steps: one per backward call (the script built no torch.optim optimizer: "
-                      "weights updated by hand or by another optimizer)", highlight=False,
-                      markup=False)
+        what = ("update of the parameters (in-place ops on them after a backward)"
+                if d.step_signal == "parameter update" else "backward call")
+        console.print(f"  steps: one per {what}; the script built no torch.optim optimizer",
+                      highlight=False, markup=False)
     console.print(breakdown_table(d))
     console.print(f"[bold]bottleneck: {d.bottleneck}[/bold]", highlight=False)
     for key, value in d.evidence.items():
