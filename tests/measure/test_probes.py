@@ -106,3 +106,20 @@ def test_targets_cuda_parses_to_arguments():
     assert _targets_cuda("to", ("cuda:0",), {}) and _targets_cuda("cuda", (), {})
     assert not _targets_cuda("to", (torch.float16,), {})
     assert _targets_cuda("to", (), {"device": "cuda"})
+
+
+def test_update_probes_go_on_only_for_scripts_without_a_torch_optimizer():
+    original = torch.Tensor.add_
+    model = torch.nn.Linear(4, 2)
+    with StepProbes():
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        model(torch.randn(3, 4)).sum().backward()
+        opt.step()
+        assert torch.Tensor.add_ is original  # a torch.optim script: no in-place op is wrapped
+    with StepProbes() as probes:
+        model(torch.randn(3, 4)).sum().backward()
+        assert torch.Tensor.add_ is not original
+        for p in model.parameters():
+            p.data.add_(p.grad, alpha=-0.1)
+        assert probes.signal == "parameter update" and probes.steps == 2
+    assert torch.Tensor.add_ is original  # restored

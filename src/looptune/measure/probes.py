@@ -88,8 +88,6 @@ class StepProbes:
         self._restore.append(handle.remove)
         self._patch(torch.optim.Optimizer, "__init__", self._counted_init)
         self._patch(torch.autograd, "backward", self._backward_probe)
-        for name in _UPDATE_METHODS:
-            self._patch(torch.Tensor, name, self._update_probe(name))
         self._patch(_BaseDataLoaderIter, "__next__", self._timed_next)
         self._patch(DataLoader, "__iter__", self._recorded_iter)
         for name in _SYNC_METHODS:
@@ -159,6 +157,8 @@ class StepProbes:
             ours = threading.get_ident() == probes._thread and not probes.paused
             if ours and probes._params is None and probes.optimizers_built == 0:
                 probes._params = _leaf_storages(args[0] if args else kwargs.get("tensors"))
+                for name in _UPDATE_METHODS:  # only now: a torch.optim script never pays for them
+                    probes._patch(torch.Tensor, name, probes._update_probe(name))
             out = original(*args, **kwargs)
             if ours:
                 probes._after_backward()
