@@ -81,6 +81,29 @@ def test_a_worker_killed_inside_getitem_names_the_sample_and_the_worker():
     assert _no_workers_left()
 
 
+def test_a_death_signal_raised_while_the_first_error_is_named_still_names_the_sample(monkeypatch):
+    """torch's SIGCHLD handler may be pending when the worker's pipe breaks (ConnectionResetError)
+    and run at the first call of the except clause that names it, raising its own RuntimeError
+    there (seen on a CI machine): the loop names that one instead of letting it escape."""
+    from looptune.data import loaders
+
+    real, calls = loaders.LoaderSource.failure, []
+
+    def signalled_once(self, err):
+        calls.append(type(err).__name__)
+        if len(calls) == 1:  # what torch's handler raises from inside the naming
+            raise RuntimeError("DataLoader worker (pid 999999) is killed by signal: Killed. ")
+        return real(self, err)
+
+    monkeypatch.setattr(loaders.LoaderSource, "failure", signalled_once)
+    with pytest.raises(looptune.DataError) as info:
+        _train(Samples("kill"), workers_recipe(2), epochs=1)
+    assert calls[1:] == ["RuntimeError"], calls  # named again with the late error
+    text = str(info.value)
+    assert "worker died" in text and "was reading sample 100" in text
+    assert _no_workers_left()
+
+
 def test_a_hung_worker_ends_the_run_at_the_timeout_naming_the_sample():
     t0 = time.monotonic()
     with pytest.raises(looptune.DataError) as info:
@@ -113,6 +136,25 @@ def test_a_tune_trial_whose_worker_fails_is_recorded_naming_the_sample(monkeypat
     assert "sample 100" in failed[0]["reason"] and expect in failed[0]["reason"], failed[0]
     assert "num_workers=0" in result.line  # the fastest setting that worked
     assert time.monotonic() - t0 < 60
+    assert _no_workers_left(20.0)
+
+
+def test_a_tune_trial_names_the_sample_when_the_death_signal_interrupts_the_naming(monkeypatch):
+    from looptune.tune import loader as tune_loader
+
+    real, calls = tune_loader.worker_failure, []
+
+    def signalled_once(err, loader, batches):
+        calls.append(type(err).__name__)
+        if len(calls) == 1:
+            raise RuntimeError("DataLoader worker (pid 999999) is killed by signal: Killed. ")
+        return real(err, loader, batches)
+
+    monkeypatch.setattr(tune_loader, "worker_failure", signalled_once)
+    result = looptune.tune_loader(WorkerOnly("kill"), batch_size=16, budget_s=60)
+    failed = [t for t in result.trials if t["status"] == "failed"]
+    assert calls[1] == "RuntimeError" and failed, (calls, result.trials)
+    assert "worker died" in failed[0]["reason"] and "sample 100" in failed[0]["reason"]
     assert _no_workers_left(20.0)
 
 

@@ -127,11 +127,17 @@ class _Run:
         try:
             self._train_epoch(epoch)
         except WORKER_GONE as err:  # a DataLoader worker died or hung: name it and its sample
-            failure = getattr(self.source, "failure", None)
-            named = failure(err) if failure is not None else None
+            try:  # first statement: torch's SIGCHLD handler, pending when the pipe broke, runs
+                named = self._worker_failure(err)  # at the next call and raises its own error
+            except WORKER_GONE as late:
+                named, err = self._worker_failure(late), late
             if named is None:
-                raise
+                raise err
             raise named from err
+
+    def _worker_failure(self, err: BaseException) -> BaseException | None:
+        failure = getattr(self.source, "failure", None)
+        return failure(err) if failure is not None else None
 
     def _train_epoch(self, epoch: int) -> None:
         state, source, n_batches = self.state, self.source, len(self.source)

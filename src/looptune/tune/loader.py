@@ -85,9 +85,12 @@ class _Search:
                 if n >= self.batches:
                     break
         except WORKER_GONE as err:  # a worker died or hung: name the sample it was reading
-            named = worker_failure(err, loader, batches)
+            try:  # first statement: torch's SIGCHLD handler, pending when the pipe broke, runs
+                named = worker_failure(err, loader, batches)  # at the next call and raises
+            except WORKER_GONE as late:
+                named, err = worker_failure(late, loader, batches), late
             if named is None:
-                raise
+                raise err
             raise named from err
         if step is not None and self.device.type == "cuda":
             torch.cuda.synchronize(self.device)  # sync: the last steps must finish
