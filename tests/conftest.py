@@ -38,3 +38,17 @@ def make_image_data():
         return ImageData(images, labels, 0.1307, 0.3081)
 
     return make
+
+
+@pytest.fixture(scope="session", autouse=True)
+def probe_cache(tmp_path_factory):
+    """Presets probe this machine once per test session, into a file of the session's own (not
+    the user's cache); subprocesses the tests start inherit it."""
+    path = tmp_path_factory.mktemp("probe") / "probes.json"
+    before = os.environ.get("LOOPTUNE_PROBE_CACHE")
+    os.environ["LOOPTUNE_PROBE_CACHE"] = str(path)
+    yield path
+    if before is None:
+        os.environ.pop("LOOPTUNE_PROBE_CACHE", None)
+    else:
+        os.environ["LOOPTUNE_PROBE_CACHE"] = before

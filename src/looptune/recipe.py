@@ -23,6 +23,7 @@ __all__ = [
     "Decode",
     "LoaderConfig",
     "LossSync",
+    "Normalize",
     "OptimConfig",
     "OptimizerImpl",
     "OptimizerName",
@@ -44,6 +45,10 @@ Strategy = Literal["dataloader", "prefetch", "device"]
 # Normalize), one Python call per sample. tensorized: decoded once into a uint8 tensor, batches
 # gathered by index and normalized per batch on the training device.
 Decode = Literal["per_sample", "tensorized"]
+# When a device-resident dataset is normalized. batch: kept as uint8 (4x less memory), each batch
+# converted and normalized on the device per step. once: normalized to float32 once at setup
+# (4x the memory), each batch gathered ready to use: no per-step conversion (not with augmentation).
+Normalize = Literal["batch", "once"]
 # When the step's loss is read on the host. step: loss.item() every step (the reference; a device
 # sync per step on CUDA). epoch: summed on the device, read once per epoch.
 LossSync = Literal["step", "epoch"]
@@ -56,8 +61,10 @@ Attention = Literal["auto", "math", "flash", "efficient", "cudnn"]
 CUDA_ONLY_ATTENTION = ("efficient", "cudnn")  # SDPA kernels that exist only on CUDA
 OptimizerName = Literal["sgd", "adam", "adamw"]
 # auto: torch's default; foreach: one kernel per op over all params; fused: one kernel per step;
-# for-loop: per-parameter ops (the slowest, the most portable).
-OptimizerImpl = Literal["auto", "foreach", "fused", "for-loop"]
+# direct: the fused kernel called directly, without torch's per-step Python bookkeeping (Adam and
+# AdamW; the same update bit for bit, see engine/direct.py); for-loop: per-parameter ops (the
+# slowest, the most portable).
+OptimizerImpl = Literal["auto", "foreach", "fused", "direct", "for-loop"]
 ScheduleName = Literal["constant", "cosine", "onecycle", "cyclic", "step"]
 
 
@@ -85,10 +92,16 @@ class LoaderConfig:
     persistent_workers: bool = False  # keep workers between epochs (saves the start-up per epoch)
     drop_last: bool = False  # the reference keeps the last partial batch (60000 = 937 x 64 + 32)
     timeout_s: float = 0.0  # workers: end the run when a batch takes longer (0 = wait forever)
+    normalize: Normalize = "batch"  # device strategy: per batch from uint8, or once at setup
 
     def problems(self) -> list[str]:
         """Every invalid field, as a message with the received value, what is allowed and the fix."""
-        out = _literal_problems(self, {"strategy": Strategy, "decode": Decode})
+        out = _literal_problems(self, {"strategy": Strategy, "decode": Decode,
+                                      "normalize": Normalize})
+        if self.normalize == "once" and self.strategy != "device":
+            out.append(f"normalize='once' needs strategy='device' (got strategy="
+                       f"{self.strategy!r}): it keeps the whole normalized dataset on the device. "
+                       "Use strategy='device', or normalize='batch'.")
         if not _is_int(self.batch_size) or self.batch_size < 1:
             out.append(f"batch_size={self.batch_size!r} is invalid: must be an integer >= 1.")
         if not _is_int(self.num_workers) or self.num_workers < 0:

@@ -51,6 +51,8 @@ CONFIGS = {
     "per_sample": LoaderConfig(batch_size=32),
     "tensorized": LoaderConfig(decode="tensorized", batch_size=32),
     "device": LoaderConfig(strategy="device", decode="tensorized", batch_size=32),
+    "device-normalized-once": LoaderConfig(strategy="device", decode="tensorized", batch_size=32,
+                                           normalize="once"),
 }
 
 
@@ -65,6 +67,35 @@ def test_every_strategy_yields_identical_batches_for_the_same_seed(make_image_da
             assert x.dtype == torch.float32 and x.shape[1:] in {(28, 28), (1, 28, 28)}
             assert torch.equal(x.reshape(len(x), -1), rx.reshape(len(rx), -1)), name
             assert torch.equal(y, ry), name
+
+
+def test_normalized_once_gathers_ready_rows_per_step_and_resumes_mid_epoch(make_image_data):
+    data = make_image_data(100)
+    cfg = CONFIGS["device-normalized-once"]
+    source = make(cfg, data, device=CPU, seed=3)
+    assert source.images.dtype == torch.float32  # normalized at setup, not per batch
+    batches = list(source.epoch(1))
+    x, y = batches[0]
+    assert source.to_device(x, y)[0] is x  # nothing left to do per step
+    assert [len(b) for _, b in batches] == [32, 32, 32, 4]
+    rest = list(source.epoch(1, start=2))
+    assert all(torch.equal(a[0], b[0]) for a, b in zip(batches[2:], rest, strict=True))
+    dropped = make(LoaderConfig(**{**cfg.__dict__, "drop_last": True}), data, device=CPU, seed=3)
+    assert [len(b) for _, b in dropped.epoch(0)] == [32, 32, 32]
+
+
+def test_normalize_once_is_refused_with_augmentation_and_off_the_device(make_image_data):
+    from looptune.data.augment import RandomAffine
+    from looptune.errors import ConfigError
+
+    data = make_image_data(16)
+    augmented = ImageData(data.images, data.labels, data.mean, data.std,
+                          augment=RandomAffine(degrees=10))
+    with pytest.raises(ConfigError, match="normalize='once' with an augmented dataset"):
+        make(CONFIGS["device-normalized-once"], augmented, device=CPU, seed=0)
+    problems = LoaderConfig(decode="tensorized", normalize="once").problems()
+    assert any("normalize='once' needs strategy='device'" in p for p in problems)
+    assert any("allowed values" in p for p in LoaderConfig(normalize="never").problems())
 
 
 def test_batches_follow_epoch_permutation(make_image_data):

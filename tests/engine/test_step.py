@@ -40,6 +40,30 @@ def test_accumulation_equals_one_big_batch():
         torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-6)
 
 
+def test_the_direct_backward_gives_torchs_gradients_bit_for_bit():
+    from looptune.engine.step import direct_backward
+
+    x, y = _data(32)
+    a, b = _model(), _model()
+    torch.nn.functional.cross_entropy(a(x), y).backward()
+    backward = direct_backward()
+    assert backward is not torch.Tensor.backward  # this torch has the engine entry point
+    for _ in range(2):  # twice: gradients accumulate as with loss.backward()
+        backward(torch.nn.functional.cross_entropy(b(x), y))
+    torch.nn.functional.cross_entropy(a(x), y).backward()
+    assert all(torch.equal(p.grad, q.grad) for p, q in zip(a.parameters(), b.parameters()))
+    with pytest.raises(RuntimeError, match="only for scalar outputs"):
+        backward(b(x).sum(1))  # several elements: torch's own check and message
+    with pytest.raises(RuntimeError, match="does not require grad"):
+        backward(torch.tensor(1.0))
+
+
+def test_an_eager_cpu_step_uses_the_direct_backward_a_compiled_one_does_not():
+    assert _stepper(_model(), StepConfig())._backward is not torch.Tensor.backward
+    compiled = _stepper(_model(), StepConfig(compile="default"))
+    assert compiled._backward is torch.Tensor.backward
+
+
 def test_epoch_boundary_steps_a_partial_accumulation():
     x, y = _data(24)
     step = _stepper(_model(), StepConfig(accumulate=4))

@@ -17,7 +17,7 @@ bit-identical first batches.
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -321,12 +321,24 @@ class DeviceSource:
         self.images, self.labels = data.images.to(where), data.labels.to(where)
         self.n = len(data)
         self.samples_per_epoch = rank_samples_per_epoch(self.n, cfg, world)
+        self.ready = cfg.normalize == "once"
+        if self.ready:  # normalized once, here (setup time): batches are gathered ready to use
+            if self.augment is not None:
+                raise ConfigError("loader.normalize='once' with an augmented dataset: each "
+                                  "epoch needs new random transforms of the uint8 pixels. Use "
+                                  "normalize='batch'.")
+            self.images = prepare_batch(self.images, self.mean, self.std)
 
     def __len__(self) -> int:
         return rank_num_batches(self.n, self.cfg.batch_size, self.cfg.drop_last, self.world)
 
     def epoch(self, epoch: int, start: int = 0) -> Iterator[Batch]:
         sizes: int | list[int]
+        if self.ready and self.world == 1:
+            # float32 rows: an epoch gather would move 4x the uint8 bytes; a batch's gather of
+            # ready rows is one small index_select per step (and needs no conversion after it)
+            index = epoch_permutation(self.n, seed=self.seed, epoch=epoch).to(self.images.device)
+            return self._gathered(index.split(self.cfg.batch_size)[start: len(self)])
         if self.world == 1:  # the whole permutation, cut in batch_size slices
             index, sizes = epoch_permutation(self.n, seed=self.seed, epoch=epoch), self.cfg.batch_size
         else:
@@ -345,7 +357,14 @@ class DeviceSource:
         return batch_indices(self.n, self.cfg.batch_size, seed=self.seed, epoch=epoch, i=i,
                              drop_last=self.cfg.drop_last, rank=self.rank, world=self.world)
 
+    def _gathered(self, chunks: Sequence[torch.Tensor]) -> Iterator[Batch]:
+        images, labels = self.images, self.labels
+        for index in chunks:
+            yield images.index_select(0, index), labels.index_select(0, index)
+
     def to_device(self, x: torch.Tensor, y: torch.Tensor) -> Batch:
+        if self.ready:
+            return x, y
         return prepare_batch(x, self.mean, self.std, self.augment), y
 
 

@@ -23,21 +23,23 @@ from typing import Any, Literal
 import torch
 import torch.optim.optimizer as torch_optimizer
 
+from looptune.engine.direct import DirectAdam, DirectAdamW, is_direct
 from looptune.errors import ConfigError
 from looptune.recipe import Decision, OptimConfig, OptimizerImpl, OptimizerName
 
 __all__ = ["OptimizerKind", "build_optimizer", "optimizer_kind"]
 
 # What an optimizer actually runs; "mixed" when its param groups differ.
-OptimizerKind = Literal["fused", "foreach", "for-loop", "mixed"]
+OptimizerKind = Literal["direct", "fused", "foreach", "for-loop", "mixed"]
 
 _CLASSES: dict[OptimizerName, type[torch.optim.Optimizer]] = {
     "sgd": torch.optim.SGD, "adam": torch.optim.Adam, "adamw": torch.optim.AdamW,
 }
+_DIRECT = {"adam": DirectAdam, "adamw": DirectAdamW}
 # "auto" passes nothing so torch's own default (see the module docstring) decides per step.
 _IMPL_KWARGS: dict[OptimizerImpl, dict[str, bool]] = {
     "auto": {}, "foreach": {"foreach": True}, "for-loop": {"foreach": False},
-    "fused": {"fused": True},
+    "fused": {"fused": True}, "direct": {},  # direct: the class sets fused=True itself
 }
 
 
@@ -74,10 +76,14 @@ def build_optimizer(params: Iterable[Any], cfg: OptimConfig, *, device: torch.de
         raise ConfigError(problems)
     params = _materialize(params)
     impl, decisions = _impl_for_capture(cfg, capturable)
-    if impl == "fused":
-        opt, why_not = _try_fused(params, cfg, device, capturable)
+    if impl == "direct" and cfg.name == "sgd":
+        decisions.append(Decision("optim.impl", "fused", reason=(
+            "impl='direct' exists for Adam and AdamW; SGD uses torch's fused step.")))
+        impl = "fused"
+    if impl in ("fused", "direct"):
+        opt, why_not = _try_fused(params, cfg, device, capturable, impl)
         if opt is not None:
-            return opt, decisions + _lr_decisions(cfg, "fused", capturable)
+            return opt, decisions + _lr_decisions(cfg, impl, capturable)
         decisions.append(Decision("optim.impl", "foreach", reason=f"fused=True is unavailable: "
                                   f"{why_not}; using foreach, the next fastest update."))
         impl = "foreach"
@@ -102,6 +108,8 @@ def optimizer_kind(opt: torch.optim.Optimizer) -> OptimizerKind:
         >>> optimizer_kind(opt)
         'foreach'
     """
+    if is_direct(opt):
+        return "direct"
     kinds = {_group_kind(group) for group in opt.param_groups}
     return kinds.pop() if len(kinds) == 1 else "mixed"
 
@@ -115,6 +123,10 @@ def _capture_problems(device: torch.device, capturable: bool) -> list[str]:
 
 
 def _impl_for_capture(cfg: OptimConfig, capturable: bool) -> tuple[OptimizerImpl, list[Decision]]:
+    if capturable and cfg.impl == "direct":  # a captured graph replays the kernels already
+        return "fused", [Decision("optim.impl", "fused", reason=(
+            "impl='direct' saves host Python per step; a captured CUDA graph has none to save, "
+            "and needs torch's capturable fused step."))]
     # torch 2.13's capturable for-loop Adam divides by lr before adding eps: at an lr of exactly 0
     # (a cyclic schedule's bottom, gamma=0) params with a zero second moment become NaN.
     # foreach and fused add eps first (verified on torch 2.13), so they are safe.
@@ -126,12 +138,13 @@ def _impl_for_capture(cfg: OptimConfig, capturable: bool) -> tuple[OptimizerImpl
 
 
 def _try_fused(params: list[Any], cfg: OptimConfig, device: torch.device,
-               capturable: bool) -> tuple[torch.optim.Optimizer | None, str]:
+               capturable: bool, impl: OptimizerImpl = "fused"
+               ) -> tuple[torch.optim.Optimizer | None, str]:
     why_not = _fused_unsupported(params, device)
     if why_not is not None:
         return None, why_not
     try:  # catches what the checks above miss; torch raises these for unsupported options
-        return _construct(params, cfg, "fused", device, capturable), ""
+        return _construct(params, cfg, impl, device, capturable), ""
     except (RuntimeError, ValueError) as err:
         return None, f"torch {torch.__version__} refused it ({type(err).__name__}: {err})"
 
@@ -160,6 +173,8 @@ def _construct(params: list[Any], cfg: OptimConfig, impl: OptimizerImpl, device:
     if _tensor_lr(cfg, impl, capturable):
         # float32: fused kernels read lr as float; a float64 default dtype must not leak in.
         lr = torch.tensor(cfg.lr, dtype=torch.float32, device=device)
+    if impl == "direct":
+        return _DIRECT[cfg.name](params, lr=lr, **kwargs)
     return _CLASSES[cfg.name](params, lr=lr, **kwargs)
 
 

@@ -6,35 +6,74 @@ its reason.
 from __future__ import annotations
 
 from looptune.presets.preset import Preset
+from looptune.presets.probe import Candidate, probed_settings
 from looptune.recipe import (Decision, LoaderConfig, OptimConfig, Recipe, ScheduleConfig,
                              StepConfig)
 
 __all__ = ["RECIPES", "DEFAULT_BENCH"]
 
 
+# the step settings fast chooses between on a CPU, timed on this machine (presets/probe.py);
+# the first is the plain choice, kept unless another is >= 3% faster
+CPU_CANDIDATES = [Candidate("direct", "fp32", None), Candidate("direct", "fp32", 1),
+                  Candidate("direct", "bf16", None), Candidate("fused", "fp32", None)]
+
+
+def _mlp_batch(n: int, device):
+    """A batch as the device strategy feeds it: uint8 pixels normalized on the device."""
+    import torch
+
+    from looptune.data.loaders import normalize_batch
+
+    gen = torch.Generator().manual_seed(0)
+    pixels = torch.randint(0, 256, (n, 1, 28, 28), dtype=torch.uint8, generator=gen)
+    labels = torch.randint(0, 10, (n,), generator=gen)
+    return normalize_batch(pixels.to(device), 0.1307, 0.3081), labels.to(device)
+
+
+TTA_CANDIDATES = [Candidate("direct", "fp32", None), Candidate("direct", "bf16", None),
+                  Candidate("direct", "fp32", 1)]
+
+
+def cpu_step_settings(batch_size: int, candidates: list[Candidate] = CPU_CANDIDATES
+                      ) -> tuple[Candidate, str]:
+    """The step settings for the reference MLP at ``batch_size`` on this CPU, and why."""
+    import torch
+
+    from looptune.bench.workloads import SimpleFeedForwardNN
+
+    return probed_settings(workload="mnist-mlp", batch_size=batch_size,
+                           candidates=candidates, build_model=SimpleFeedForwardNN,
+                           loss_fn=torch.nn.functional.cross_entropy, make_batch=_mlp_batch)
+
+
 def _fast(device_type: str) -> Recipe:
-    measured = ("median of 5 interleaved 1-epoch runs on our 2-core CPU, batch 64: device 1.00 s, "
-                "+fused 0.74 s, +foreach 1.05 s, +1 thread 1.19 s, +fused+1 thread 0.85 s; "
-                "bf16 0.86x, torch.compile 0.97x, prefetch 0.32x (benchmarks/switches.py)")
     reasons = [
         Decision("loader.strategy", "device", reason=(
-            "MNIST's 47 MB of uint8 fits on any device: one gather per epoch, no per-step copy, "
-            "no DataLoader")),
-        Decision("optim.impl", "fused", reason=(
-            f"one kernel updates all parameters instead of ~10 ops per parameter; {measured}")),
+            "MNIST fits on any device: no per-step copy, no DataLoader")),
+        Decision("loader.normalize", "once", reason=(
+            "normalized to float32 once at setup (188 MB instead of 47 MB of uint8): each step "
+            "gathers its 64 ready rows instead of converting and normalizing them (4 ops per "
+            "step), bit for bit the same batches")),
         Decision("loss_sync", "epoch", reason="loss summed on the device: no host sync per step"),
     ]
     if device_type == "cuda":
-        reasons.append(Decision("step.cuda_graphs", True, reason=(
-            "a batch-64 MLP step is ~30 tiny kernels: launch overhead dominates, a captured "
-            "graph replays them with one launch")))
+        chosen = Candidate("fused", "fp32", None)
+        reasons += [
+            Decision("optim.impl", "fused", reason=(
+                "one kernel launch updates all parameters instead of ~10 per parameter")),
+            Decision("step.cuda_graphs", True, reason=(
+                "a batch-64 MLP step is ~30 tiny kernels: launch overhead dominates, a captured "
+                "graph replays them with one launch"))]
     else:
-        reasons.append(Decision("precision/compile/threads", "fp32, eager, torch default", reason=(
-            f"none of bf16, torch.compile or one thread sped up this step on a CPU; {measured}")))
+        chosen, evidence = cpu_step_settings(64)
+        reasons.append(Decision("optim.impl/precision/cpu_threads", chosen.name, reason=(
+            f"the fastest step at batch 64 on this CPU; {evidence}")))
     return Recipe(
         name="fast", description="fastest recipe at the reference's batch 64 for this device",
-        loader=LoaderConfig(strategy="device", decode="tensorized"),
-        step=StepConfig(cuda_graphs=device_type == "cuda"), optim=OptimConfig(impl="fused"),
+        loader=LoaderConfig(strategy="device", decode="tensorized", normalize="once"),
+        step=StepConfig(cuda_graphs=device_type == "cuda", precision=chosen.precision),
+        optim=OptimConfig(impl=chosen.impl), cpu_threads=chosen.threads,
         loss_sync="epoch", reasons=tuple(reasons))
 
 
@@ -48,16 +87,27 @@ def _tta(device_type: str) -> Recipe:
         Decision("schedule", "onecycle", reason=(
             "a quarter of the steps rising to the peak lr, then annealing to ~0: the same budget "
             "at a constant lr ends ~0.5 points lower")),
-        Decision("optim", "adamw lr=1e-2 (fused)", reason=(
+        Decision("optim", "adamw lr=1e-2", reason=(
             "the fastest peak lr in that grid; 3e-3 missed 97.5% after 2 epochs")),
         Decision("epochs", 2, reason="tuned for --epochs 2: the one-cycle spans the whole run"),
+        Decision("loader.normalize", "once", reason=(
+            "normalized to float32 once at setup: no per-step conversion (see fast)")),
     )
+    if device_type == "cuda":
+        chosen = Candidate("fused", "fp32", None)
+        reasons += (Decision("optim.impl", "fused", reason="one kernel launch per update"),)
+    else:
+        chosen, evidence = cpu_step_settings(256, TTA_CANDIDATES)
+        reasons += (Decision("optim.impl/precision/cpu_threads", chosen.name, reason=(
+            f"the fastest step at batch 256 on this CPU; {evidence}")),)
     return Recipe(
         name="tta", description="least training time to 97.5% test accuracy (same MLP; --epochs 2)",
-        loader=LoaderConfig(strategy="device", decode="tensorized", batch_size=256),
-        optim=OptimConfig(name="adamw", impl="fused", lr=1e-2, weight_decay=1e-4),
+        loader=LoaderConfig(strategy="device", decode="tensorized", batch_size=256,
+                            normalize="once"),
+        step=StepConfig(precision=chosen.precision),
+        optim=OptimConfig(name="adamw", impl=chosen.impl, lr=1e-2, weight_decay=1e-4),
         schedule=ScheduleConfig(name="onecycle", pct_start=0.25),
-        loss_sync="epoch", cpu_threads=None, reasons=reasons)
+        loss_sync="epoch", cpu_threads=chosen.threads, reasons=reasons)
 
 
 _SEED = "the reference experiment: per-sample PIL decode + Normalize, loss.item() every step"

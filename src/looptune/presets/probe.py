@@ -1,0 +1,226 @@
+"""A short measured probe that picks a preset's step settings on the machine it runs on.
+
+A setting that was fastest on one machine can be slower on the next (a 2-core AMD VM and an
+Intel Xeon with AMX disagree on bf16 and on threads), so presets do not hard-code them: the
+probe trains the workload's model for a fraction of a second under each candidate (the engine's
+own Stepper, so what is timed is what runs), in interleaved rounds, and the preset takes the
+fastest. The result is cached per machine (CPU model, cores this process may use, device name)
+and torch version in ``$XDG_CACHE_HOME/looptune/probes.json``, so it is paid once; the evidence
+(every candidate's time per step, where and when it was measured) goes into the preset's
+decisions.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from looptune._io import atomic_write_text
+from looptune.recipe import OptimConfig, StepConfig
+
+__all__ = ["Candidate", "ProbeResult", "cache_path", "machine_key", "probe", "probed_settings"]
+
+PROBE_VERSION = 1  # bump when what a probe measures changes: old cached results are ignored
+ROUNDS = 9  # interleaved rounds; each candidate's median is compared (a burst of load on a
+# shared VM hits one or two short rounds, not the median)
+ROUND_S = 0.04  # seconds of steps per candidate per round
+WIN = 0.03  # a candidate replaces the first (the plain choice) only when >= 3% faster
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One setting of the step to time: optimizer kernels, autocast dtype, intra-op threads."""
+
+    impl: str = "fused"
+    precision: str = "fp32"
+    threads: int | None = None  # None: torch's default (one per core this process may use)
+
+    @property
+    def name(self) -> str:
+        threads = "all threads" if self.threads is None else f"{self.threads} thread(s)"
+        return f"{self.impl} {self.precision} {threads}"
+
+
+@dataclass(frozen=True)
+class ProbeResult:
+    """Seconds per step of each candidate (median of the rounds) and the one chosen."""
+
+    key: str  # the machine, torch version and workload the figures belong to
+    seconds: dict[str, float]  # candidate name -> seconds per step
+    chosen: Candidate
+    measured_at: str  # when (UTC), for the reader of a cached figure
+    cached: bool  # read from the cache file rather than measured now
+
+    def evidence(self) -> str:
+        first = next(iter(self.seconds.values()))
+        parts = [f"{name} {s * 1e6:.0f} us ({first / s:.2f}x)" for name, s in self.seconds.items()]
+        where = "cached from" if self.cached else "measured"
+        return (f"probe on this machine ({self.key}; {where} {self.measured_at}, median of "
+                f"{ROUNDS} interleaved rounds): " + ", ".join(parts))
+
+
+def cache_path() -> Path:
+    """``$LOOPTUNE_PROBE_CACHE`` if set, else ``$XDG_CACHE_HOME/looptune/probes.json``."""
+    if os.environ.get("LOOPTUNE_PROBE_CACHE"):
+        return Path(os.environ["LOOPTUNE_PROBE_CACHE"])
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    return (Path(xdg) if xdg else Path.home() / ".cache") / "looptune" / "probes.json"
+
+
+def _cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def _usable_cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # macOS, Windows
+        return os.cpu_count() or 1
+
+
+def machine_key(device: torch.device) -> str:
+    where = (torch.cuda.get_device_name(device) if device.type == "cuda"
+             else f"{_cpu_model()}, {_usable_cores()} cores")
+    return f"{where}, torch {torch.__version__}"
+
+
+def _read_cache() -> dict[str, Any]:
+    try:
+        return json.loads(cache_path().read_text())
+    except (OSError, ValueError):  # none yet, or unreadable: probe again and rewrite it
+        return {}
+
+
+def _write_cache(entries: dict[str, Any]) -> None:
+    try:
+        atomic_write_text(cache_path(), json.dumps(entries, indent=1))  # candidate order kept
+    except OSError:  # a read-only home: the probe still decided, it is just not remembered
+        pass
+
+
+def probe(*, workload: str, batch_size: int, candidates: list[Candidate],
+          build_model: Callable[[], torch.nn.Module], loss_fn: Callable[..., torch.Tensor],
+          make_batch: Callable[[int, torch.device], tuple[torch.Tensor, torch.Tensor]],
+          device: torch.device, refresh: bool = False) -> ProbeResult:
+    """Time ``candidates`` (the first is the plain choice) on ``build_model()`` at
+    ``batch_size`` and return the fastest; cached per machine, torch version, workload, batch
+    size and candidate list unless ``refresh``."""
+    key = f"{machine_key(device)}; {workload} batch {batch_size}"
+    entry_key = _entry_key(key, candidates)
+    entries = _read_cache()
+    hit = entries.get(entry_key)
+    if hit and not refresh:
+        chosen = Candidate(**hit["chosen"])
+        return ProbeResult(key, hit["seconds"], chosen, hit["measured_at"], cached=True)
+    seconds = _measure(candidates, build_model, loss_fn, make_batch, batch_size, device)
+    first = candidates[0]
+    best = min(candidates, key=lambda c: seconds[c.name])
+    chosen = best if seconds[best.name] <= (1 - WIN) * seconds[first.name] else first
+    stamp = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+    entries[entry_key] = {"seconds": seconds, "chosen": chosen.__dict__, "measured_at": stamp}
+    _write_cache(entries)
+    return ProbeResult(key, seconds, chosen, stamp, cached=False)
+
+
+def probed_settings(*, workload: str, batch_size: int, candidates: list[Candidate],
+                    build_model: Callable[[], torch.nn.Module],
+                    loss_fn: Callable[..., torch.Tensor],
+                    make_batch: Callable[[int, torch.device], tuple[torch.Tensor, torch.Tensor]]
+                    ) -> tuple[Candidate, str]:
+    """The CPU step settings a preset should use here, and the evidence for its decision.
+
+    ``LOOPTUNE_PROBE=0`` skips the probe (the plain first candidate, said so). Launched with
+    several ranks (``WORLD_SIZE`` > 1) only a cached result is used: ranks probing at once would
+    slow each other down and could pick different settings, so they take the plain one instead.
+    """
+    plain = candidates[0]
+    if os.environ.get("LOOPTUNE_PROBE", "1").strip().lower() in ("0", "off", "no", "false"):
+        return plain, "not probed (LOOPTUNE_PROBE=0): the plain setting, unmeasured here"
+    kwargs = dict(workload=workload, batch_size=batch_size, candidates=candidates,
+                  build_model=build_model, loss_fn=loss_fn, make_batch=make_batch,
+                  device=torch.device("cpu"))
+    if int(os.environ.get("WORLD_SIZE", "1") or 1) > 1:
+        cached = cached_probe(**kwargs)
+        if cached is None:
+            return plain, ("not probed: several ranks would time each other's load and could "
+                           "disagree; run `looptune bench` once in one process to probe this "
+                           "machine, later launches read the cached result")
+        return cached.chosen, cached.evidence()
+    result = probe(**kwargs)
+    return result.chosen, result.evidence()
+
+
+def cached_probe(**kwargs: Any) -> ProbeResult | None:
+    """The cached result :func:`probe` would return, or None: nothing is measured."""
+    key = f"{machine_key(kwargs['device'])}; {kwargs['workload']} batch {kwargs['batch_size']}"
+    hit = _read_cache().get(_entry_key(key, kwargs["candidates"]))
+    if not hit:
+        return None
+    return ProbeResult(key, hit["seconds"], Candidate(**hit["chosen"]), hit["measured_at"], True)
+
+
+def _entry_key(key: str, candidates: list[Candidate]) -> str:
+    return f"v{PROBE_VERSION} {key}; " + " | ".join(c.name for c in candidates)
+
+
+def _measure(candidates: list[Candidate], build_model, loss_fn, make_batch, batch_size: int,
+             device: torch.device) -> dict[str, float]:
+    from looptune.engine.optim import build_optimizer
+    from looptune.engine.step import Stepper
+
+    x, y = make_batch(batch_size, device)
+    steppers = []
+    for c in candidates:
+        torch.manual_seed(0)
+        model = build_model().to(device)
+        optimizer, _ = build_optimizer(model.parameters(), OptimConfig(impl=c.impl), device=device)
+        steppers.append(Stepper(model=model, optimizer=optimizer, scheduler=None, loss_fn=loss_fn,
+                                cfg=StepConfig(precision=c.precision), device=device))
+    times: dict[str, list[float]] = {c.name: [] for c in candidates}
+    default_threads = torch.get_num_threads()
+    try:
+        for round_ in range(ROUNDS + 1):  # round 0 warms every candidate up, untimed
+            for c, step in zip(candidates, steppers):
+                torch.set_num_threads(c.threads or default_threads)
+                seconds = _time_steps(step, x, y, device, 0.03 if round_ == 0 else ROUND_S)
+                if round_:
+                    times[c.name].append(seconds)
+    finally:
+        torch.set_num_threads(default_threads)
+    return {name: statistics.median(ts) for name, ts in times.items()}
+
+
+def _time_steps(step, x: torch.Tensor, y: torch.Tensor, device: torch.device,
+                budget_s: float) -> float:
+    def sync() -> None:
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)  # sync: the timed steps must have finished
+
+    for _ in range(3):
+        step(x, y)
+    sync()
+    t0, n = time.perf_counter(), 0
+    while True:
+        step(x, y)
+        n += 1
+        if n % 4 == 0:
+            sync()
+            elapsed = time.perf_counter() - t0
+            if elapsed >= budget_s:
+                return elapsed / n
