@@ -1,10 +1,13 @@
 """The engine's goals, measured side by side in one run on the MNIST reference workload.
 
-1. Speed at the reference's batch 64: ``fast`` vs ``seed-baseline``, same epochs; goal >= 5x
-   with test accuracy within 0.5 points.
+1. Speed at the reference's batch 64: ``fast`` vs ``seed-baseline``, same epochs; goal >= 12x
+   (median of ``--repeats`` interleaved runs) with test accuracy within 0.5 points.
+   (benchmarks/floor.py compares ``fast`` with this machine's floor.)
 2. Time to accuracy: the training time ``seed-baseline`` (5 epochs, the reference) needs to reach
-   97.5% test accuracy vs the time ``tta`` (2 epochs, what it is tuned for) needs; goal: tta takes
-   at most 1/15 of it. Both evaluate every ``--eval-every`` batches; evaluation is off the clock.
+   97.5% test accuracy vs the time ``tta`` (3 epochs, what it is tuned for) needs, over
+   ``--seeds`` seeds; goal: the median tta takes at most 1/50 of it, and 97.5% is reached in at
+   least 4 of 5 seeds. seed-baseline evaluates every ``--eval-every`` batches, tta every 1/40
+   epoch (its batches are 8x larger); evaluation is off the clock.
 
     python benchmarks/engine_goals.py --data ../shared/data/mnist
     python benchmarks/engine_goals.py --data ../shared/data/mnist --smoke   # CI: short, no verdict
@@ -20,6 +23,7 @@ import looptune
 from looptune.report.render import bench_table, wide_console
 
 TARGET = 0.975
+SPEED_GOAL, TTA_GOAL = 12.0, 50.0
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -27,13 +31,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--data", default=None, help="MNIST folder (default: $LOOPTUNE_DATA)")
     p.add_argument("--device", default="auto")
     p.add_argument("--speed-epochs", type=int, default=1, help="epochs for the speed comparison")
-    p.add_argument("--eval-every", type=int, default=100, help="batches between evaluations")
+    p.add_argument("--eval-every", type=int, default=50,
+                   help="seed-baseline: batches between evaluations")
     p.add_argument("--repeats", type=int, default=3, help="speed comparison: median of N runs")
+    p.add_argument("--seeds", type=int, default=5, help="tta: seeds 0..N-1, each its own run")
     p.add_argument("--smoke", action="store_true",
                    help="CI mode: 1 epoch everywhere, report the ratios, never fail on them")
     args = p.parse_args(argv)
     common = {"device": args.device, "data_dir": args.data}
-    base_epochs, tta_epochs = (1, 1) if args.smoke else (5, 2)
+    base_epochs, tta_epochs = (1, 1) if args.smoke else (5, 3)
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", UserWarning)
@@ -41,15 +47,17 @@ def main(argv: list[str] | None = None) -> int:
                                    repeats=1 if args.smoke else args.repeats, **common)
             slow = looptune.bench(recipes=["seed-baseline"], epochs=base_epochs, target_accuracy=TARGET,
                                   eval_every=args.eval_every, **common)
-            quick = looptune.bench(recipes=["tta"], epochs=tta_epochs, target_accuracy=TARGET,
-                                   eval_every=max(1, args.eval_every // 4), **common)
+            tta_every = max(1, 60000 // 512 // 40)  # every 1/40 epoch, as fine as the baseline's
+            quick = [looptune.bench(recipes=["tta"], epochs=tta_epochs, target_accuracy=TARGET,
+                                    eval_every=tta_every, seed=seed, **common)
+                     for seed in range(1 if args.smoke else args.seeds)]
     except looptune.LooptuneError as err:
         print(f"engine_goals: error: {err}", file=sys.stderr)
         return 2
     console = wide_console()
-    for results in (speed, slow, quick):
+    for results in (speed, slow, quick[0]):
         console.print(bench_table(results))
-    ok = _speed_goal(speed) & _tta_goal(slow.runs[0], quick.runs[0])
+    ok = _speed_goal(speed) & _tta_goal(slow.runs[0], [q.runs[0] for q in quick])
     return 0 if ok or args.smoke else 1
 
 
@@ -57,22 +65,32 @@ def _speed_goal(results: looptune.BenchResults) -> bool:
     base, fast = results.runs
     ratio = base.wall_s / fast.wall_s
     d_acc = 100 * (fast.test_accuracy - base.test_accuracy)
-    ok = ratio >= 5 and abs(d_acc) <= 0.5
+    ok = ratio >= SPEED_GOAL and abs(d_acc) <= 0.5
     print(f"speed at batch 64: fast is {ratio:.2f}x seed-baseline ({base.s_per_epoch:.3f} -> "
-          f"{fast.s_per_epoch:.3f} s/epoch), accuracy {d_acc:+.2f} points; goal >= 5x, "
-          f"|acc| <= 0.5: {'PASS' if ok else 'FAIL'}")
+          f"{fast.s_per_epoch:.3f} s/epoch), accuracy {d_acc:+.2f} points; goal >= "
+          f"{SPEED_GOAL:.0f}x, |acc| <= 0.5: {'PASS' if ok else 'FAIL'}")
     return ok
 
 
-def _tta_goal(base: looptune.RunResult, tta: looptune.RunResult) -> bool:
-    if base.time_to_target_s is None or tta.time_to_target_s is None:
-        print(f"time to {100 * TARGET}%: seed-baseline {base.time_to_target_s}, tta "
-              f"{tta.time_to_target_s} (None = not reached): FAIL")
+def _tta_goal(base: looptune.RunResult, runs: list[looptune.RunResult]) -> bool:
+    times = [r.time_to_target_s for r in runs]
+    reached = sorted(t for t in times if t is not None)
+    finals = ", ".join(f"{100 * r.test_accuracy:.2f}%" for r in runs)
+    print(f"tta over {len(runs)} seed(s): time to {100 * TARGET}% "
+          + ", ".join("not reached" if t is None else f"{t:.2f} s" for t in times)
+          + f"; final accuracy {finals}")
+    if base.time_to_target_s is None or not reached:
+        print(f"time to {100 * TARGET}%: seed-baseline {base.time_to_target_s}, tta {times} "
+              "(None = not reached): FAIL")
         return False
-    ratio = base.time_to_target_s / tta.time_to_target_s
-    ok = ratio >= 15
-    print(f"time to {100 * TARGET}%: seed-baseline {base.time_to_target_s:.2f} s, tta "
-          f"{tta.time_to_target_s:.2f} s: {ratio:.1f}x less; goal >= 15x: {'PASS' if ok else 'FAIL'}")
+    median = reached[len(reached) // 2]
+    ratio = base.time_to_target_s / median
+    enough = len(reached) >= min(4, len(runs)) if len(runs) >= 5 else len(reached) == len(runs)
+    ok = ratio >= TTA_GOAL and enough
+    print(f"time to {100 * TARGET}%: seed-baseline {base.time_to_target_s:.2f} s, tta median "
+          f"{median:.2f} s (spread {reached[0]:.2f}-{reached[-1]:.2f} s, reached in "
+          f"{len(reached)}/{len(runs)} seeds): {ratio:.1f}x less; goal >= {TTA_GOAL:.0f}x and "
+          f">= 4 of 5 seeds: {'PASS' if ok else 'FAIL'}")
     return ok
 
 

@@ -1,6 +1,7 @@
 """Every benchmark script runs in its --smoke mode, so none of them rots unseen."""
 
 import importlib.util
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -41,6 +42,20 @@ def test_engine_benchmarks_smoke(mnist_dir, script, needles):
     assert proc.returncode == 0, proc.stderr
     for needle in needles:
         assert needle in proc.stdout
+
+
+@pytest.mark.integration
+def test_floor_smoke(mnist_dir, tmp_path):
+    out = tmp_path / "floor.json"
+    proc = _smoke("floor.py", "--data", str(mnist_dir), "--device", "cpu", "--json", str(out))
+    assert "floor per epoch" in proc.stdout and "x the floor" in proc.stdout
+    row = json.loads(out.read_text())[0]
+    assert row["workload"] == "mnist-mlp" and row["steps"] == 938 and row["batch_size"] == 64
+    # the floor is the step's own GEMMs alone plus its unavoidable bytes: below the real run
+    assert 0 < row["floor_s"] < row["fast_s"] < row["baseline_s"]
+    ops = row["floor_step"]["ops"]
+    assert {o["op"] for o in ops} == {"aten.addmm.default", "aten.mm.default"}
+    assert row["floor_step"]["flops"] == 29_081_600  # fwd + bwd of 784-128-64-10 at batch 64
 
 
 @pytest.mark.integration
