@@ -52,7 +52,7 @@ def test_floor_smoke(mnist_dir, tmp_path):
     row = json.loads(out.read_text())[0]
     assert row["workload"] == "mnist-mlp" and row["steps"] == 938 and row["batch_size"] == 64
     # the floor is the step's own GEMMs alone plus its unavoidable bytes: below the real run
-    assert 0 < row["floor_s"] < row["fast_s"] < row["baseline_s"]
+    assert 0 < row["floor_s"] < row["fast_s"] < row["baseline_s"] and len(row["rounds"]) == 1
     ops = row["floor_step"]["ops"]
     assert {o["op"] for o in ops} == {"aten.addmm.default", "aten.mm.default"}
     assert row["floor_step"]["flops"] == 29_081_600  # fwd + bwd of 784-128-64-10 at batch 64

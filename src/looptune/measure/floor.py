@@ -21,6 +21,7 @@ Python) is counted as distance from the floor, not as part of it.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import time
 from collections.abc import Callable
@@ -179,7 +180,8 @@ def stream_rate(total_bytes: int, device: torch.device, dtype: torch.dtype = tor
 
 def measure_floor(model: torch.nn.Module, loss_fn: Callable[..., torch.Tensor],
                   x: torch.Tensor, y: torch.Tensor, *, optimizer: str = "adam",
-                  input_bytes: int | None = None, threads: tuple[int, ...] | None = None) -> Floor:
+                  input_bytes: int | None = None, threads: tuple[int, ...] | None = None,
+                  context: Callable[[], Any] | None = None) -> Floor:
     """The floor of one step of ``model`` on the batch ``(x, y)``: see the module docstring.
 
     Args:
@@ -192,6 +194,8 @@ def measure_floor(model: torch.nn.Module, loss_fn: Callable[..., torch.Tensor],
         threads: CPU intra-op thread counts to time each op and the stream with; each keeps its
             fastest (small GEMMs often run faster on one core than split over several). Default:
             1 and torch's current count.
+        context: a factory of the context the step's forward runs in (autocast, an attention
+            kernel): the ops are recorded, and so timed, in the dtypes and kernels it picks.
     """
     device = x.device
     counts = tuple(sorted(set(threads or (1, torch.get_num_threads()))))
@@ -200,7 +204,9 @@ def measure_floor(model: torch.nn.Module, loss_fn: Callable[..., torch.Tensor],
     params = [p for p in model.parameters() if p.requires_grad]
     recorder = _Recorder()
     with recorder:
-        loss_fn(model(x), y).backward()
+        with context() if context is not None else contextlib.nullcontext():
+            loss = loss_fn(model(x), y)
+        loss.backward()
     for p in params:
         p.grad = None
     stored = x.numel() * x.element_size() if input_bytes is None else input_bytes

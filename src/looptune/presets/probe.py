@@ -145,7 +145,8 @@ def probed_settings(*, workload: str, batch_size: int, candidates: list[Candidat
                     ) -> tuple[Candidate, str]:
     """The CPU step settings a preset should use here, and the evidence for its decision.
 
-    ``LOOPTUNE_PROBE=0`` skips the probe (the plain first candidate, said so). Launched with
+    ``LOOPTUNE_PROBE=0`` skips the probe (the plain first candidate, said so);
+    ``LOOPTUNE_PROBE=refresh`` measures again and replaces the cached result. Launched with
     several ranks (``WORLD_SIZE`` > 1) only a cached result is used: ranks probing at once would
     slow each other down and could pick different settings, so they take the plain one instead.
     """
@@ -162,7 +163,8 @@ def probed_settings(*, workload: str, batch_size: int, candidates: list[Candidat
                            "disagree; run `looptune bench` once in one process to probe this "
                            "machine, later launches read the cached result")
         return cached.chosen, cached.evidence()
-    result = probe(**kwargs)
+    refresh = os.environ.get("LOOPTUNE_PROBE", "").strip().lower() == "refresh"
+    result = probe(**kwargs, refresh=refresh)
     return result.chosen, result.evidence()
 
 
