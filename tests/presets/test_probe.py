@@ -113,3 +113,13 @@ def test_the_fast_preset_takes_the_probed_settings_with_the_evidence(monkeypatch
     fast = get_recipe("fast", "cpu")
     assert (fast.step.precision, fast.optim.impl, fast.cpu_threads) == ("bf16", "fused", 1)
     assert any("planted at batch 64" in d.reason for d in fast.reasons)
+
+
+def test_looptune_probe_refresh_measures_again(monkeypatch):
+    probed_settings(**_kwargs())
+    SlowUnlessOneThread.calls = 0
+    probed_settings(**_kwargs())
+    assert SlowUnlessOneThread.calls == 0  # cached
+    monkeypatch.setenv("LOOPTUNE_PROBE", "refresh")
+    probed_settings(**_kwargs())
+    assert SlowUnlessOneThread.calls > 0
