@@ -48,7 +48,7 @@ def test_engine_benchmarks_smoke(mnist_dir, script, needles):
 def test_floor_smoke(mnist_dir, tmp_path):
     out = tmp_path / "floor.json"
     proc = _smoke("floor.py", "--data", str(mnist_dir), "--device", "cpu", "--json", str(out))
-    assert "floor per epoch" in proc.stdout and "x the floor" in proc.stdout
+    assert "round 1: floor" in proc.stdout and "x the floor" in proc.stdout
     row = json.loads(out.read_text())[0]
     assert row["workload"] == "mnist-mlp" and row["steps"] == 938 and row["batch_size"] == 64
     # the floor is the step's own GEMMs alone plus its unavoidable bytes: below the real run

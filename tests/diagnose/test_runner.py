@@ -10,6 +10,7 @@ import torch
 from torch.utils.data import DataLoader
 
 import looptune
+from looptune.diagnose import verdict
 from looptune.diagnose.model import PHASES
 from looptune.diagnose.runner import parse_loader_action
 
@@ -81,6 +82,10 @@ def test_module_mode(monkeypatch):
 
 def test_verify_reruns_with_the_loader_remedy(monkeypatch):
     monkeypatch.setattr("os.cpu_count", lambda: 2)
+    # what is tested is the rerun with a loader remedy's settings: keep the one-worker remedy
+    # listed even when a loaded VM puts its estimate (<= 1 / data share, ~1.1x here) under the
+    # 5% a remedy must promise to be named (seen in CI: none listed, nothing rerun)
+    monkeypatch.setattr(verdict, "MIN_SPEEDUP", 1.0)
     d = run("slow_getitem.py", "--workers", "0", steps=12, verify=True)
     v = d.verify
     assert v["remedy"] == "DataLoader(num_workers=1, persistent_workers=True)"
