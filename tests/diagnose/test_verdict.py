@@ -325,6 +325,32 @@ def test_workers_on_two_cores():
     assert _by_kind(none, "loader")[0].action == "DataLoader(num_workers=1, persistent_workers=True)"
 
 
+def test_workers_gain_no_more_than_the_cores_the_machine_delivers():
+    # data 5 ms + rest 5 ms on 2 cores, 1 step thread: one worker overlaps them (2x) only if
+    # the machine really runs two processes at once
+    steps = _steps(step_s=0.010, data_wait_s=0.005)
+    full = analyze(_m(steps, loaders=[_loader()], env=_cpu(cores=2, threads=1, cpu_capacity=2.0)))
+    assert _by_kind(full, "loader")[0].expected_speedup == 2.0
+    half = analyze(_m(steps, loaders=[_loader()], env=_cpu(cores=2, threads=1, cpu_capacity=1.6)))
+    (workers,) = _by_kind(half, "loader")
+    assert workers.expected_speedup == round(10 / (10 / 1.6), 2) == 1.6
+    assert "delivered 1.6 of 2 cores to 2 busy processes" in workers.reason
+    stolen = analyze(_m(steps, loaders=[_loader()], env=_cpu(cores=2, threads=1, cpu_capacity=1.0)))
+    assert not _by_kind(stolen, "loader")  # all work on one core: workers cannot pay
+
+
+def test_cpu_capacity_is_measured_within_one_and_the_core_count():
+    import os
+
+    from looptune.diagnose.env import cpu_capacity
+
+    assert cpu_capacity(1) is None
+    cores = os.cpu_count() or 1
+    if cores >= 2:
+        got = cpu_capacity(2, rounds=1, round_s=0.02)
+        assert 1.0 <= got <= 2.0
+
+
 def test_one_core_suggests_loading_in_the_main_process():
     steps = _steps(step_s=0.010, data_wait_s=0.006)
     v = analyze(_m(steps, loaders=[_loader(num_workers=1)], env=_cpu(cores=1)))

@@ -54,6 +54,9 @@ class Environment:
     tf32_supported: bool | None = None  # GPU has TF32 (compute capability >= 8.0)
     tf32_enabled: bool | None = None  # torch.backends.cuda.matmul.allow_tf32 / precision "high"
     threads: int | None = None  # the training process's intra-op threads (torch.get_num_threads)
+    # cores of CPU work the machine delivered to cpu_count busy processes at once (measured after
+    # the script; below cpu_count on a VM whose host lends its vCPUs to others); None: not measured
+    cpu_capacity: float | None = None
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -187,7 +187,7 @@ def _collect(schedule: Schedule, probes: StepProbes, *, error, oom, device,
         ops=schedule.ops,
         peak_mem_bytes=mem.peak_bytes, mem_limit_bytes=env_probe.memory_limit(device),
         alloc_retries=env_probe.alloc_retries(device), oom=oom,
-        env=env_probe.environment(device, threads),
+        env=env_probe.environment(device, threads, capacity=bool(probes.loaders)),
         batch_scaling=scaling)
     wait_s = None if waits is None or len(waits) != len(samples) else waits[window]
     before = samples[:window.start][-MAX_WARMUP_STEPS:]

@@ -17,6 +17,7 @@ from looptune.diagnose.batch_rule import batch_remedy, batch_verdict, scaled_ste
 from looptune.diagnose.cpu_compute import cpu_compute_remedies
 from looptune.diagnose.findings import REMEDY_SHARE, _gib, _mib, _overhead_share
 from looptune.diagnose.findings import findings as _findings
+from looptune.diagnose.workers_rule import workers_remedy
 from looptune.diagnose.model import PHASES, Measurements, Remedy, StepSample, Verdict
 from looptune.errors import MeasurementError
 
@@ -36,7 +37,6 @@ COMPUTE_RATIO = 0.35
 OVERHEAD_SHARE, SYNC_SHARE = 0.30, 0.10
 SYNC_REMEDY_SHARE = 0.05  # dropping .item() is a one-line fix, so a smaller share is worth naming
 MIN_SPEEDUP = 1.05  # below this a remedy is lost in run-to-run noise
-MAX_WORKERS = 8  # past ~8 workers decoding seldom scales and each costs RAM and /dev/shm
 MAX_REMOVED = 0.99  # cap s*f: a bound beyond 100x says nothing more, and inf is not JSON
 
 
@@ -285,52 +285,7 @@ def _data_remedies(m: Measurements, p: _Profile) -> list[Remedy]:
         reason = head + f"indexing a pre-decoded tensor leaves ~10% of it: 1/(1 - {s:.4f} x 0.9)"
         fraction = 0.9
     # kind "tensorized", not "loader": --verify applies only DataLoader(...) keyword arguments
-    return [_remedy(action, s, fraction, reason, "tensorized"), *_workers_remedy(m, p, s)]
-
-
-def _workers_remedy(m: Measurements, p: _Profile, s: float) -> list[Remedy]:
-    """K workers overlap loading with the step: it becomes max(data / K, rest x slow). On the CPU
-    the step's own threads lose the cores the busy workers take (slow = threads / cores left);
-    K is the count with the best estimate, at most cores - 1."""
-    if not m.loaders or m.env is None:  # no DataLoader seen, or unknown core count
-        return []
-    n, w = m.env.cpu_count, m.loaders[0].num_workers
-    data, rest = p.phase_s["data_wait"], max(p.step_s - p.phase_s["data_wait"], 1e-9)
-    if n - 1 < 1:  # one core: workers can only take turns with the step; load in the main process
-        if w == 0:
-            return []
-        reason = (f"num_workers={w} on 1 core: the workers and the step take turns on it, plus "
-                  "process hand-over costs; the gain can't be bounded from these numbers (half "
-                  f"the {s:.1%} data wait assumed)")
-        return [_remedy(_loader_action(0, p.on_cuda), s, 0.5, reason, "loader")]
-    t = m.env.threads or n  # the step's intra-op threads
-
-    def slow(k: int) -> float:  # the GPU does a CUDA step's arithmetic: its host threads idle
-        return 1.0 if p.on_cuda else t / max(min(t, n - k), 1)
-
-    k = max(range(1, min(n - 1, MAX_WORKERS) + 1),
-            key=lambda j: (p.step_s / max(data / j, rest * slow(j)), -j))
-    if w == k:
-        return []
-    bound = p.step_s / max(data / k, rest * slow(k))
-    why = (f"max(data wait / {k}, rest x {slow(k):.2g}) = max({data * 1e3:.2f} / {k}, "
-           f"{rest * slow(k) * 1e3:.2f}) ms" + ("" if p.on_cuda else (
-               f": the step's {t} thread(s) keep {max(min(t, n - k), 1)} of {n} cores beside {k} "
-               "busy worker(s); process hand-over and spinning threads are not modelled, "
-               "--verify measures it")))
-    head = (f"num_workers={w} on {n} cores: workers and the step compete for the CPU; {k} "
-            "worker(s) leave cores to the step" if w > k else
-            f"data wait is {s:.1%} of the step with num_workers={w}; {k} worker(s) overlap "
-            "loading with the step")
-    return [Remedy(action=_loader_action(k, p.on_cuda), expected_speedup=round(min(bound, 100), 2),
-                   reason=f"{head}, which then takes {why}", kind="loader")]
-
-
-def _loader_action(workers: int, on_cuda: bool) -> str:
-    """A literal DataLoader(...) call (--verify applies its kwargs); persistent_workers=True
-    without workers makes DataLoader raise."""
-    kwargs = f"num_workers={workers}" + (", persistent_workers=True" if workers else "")
-    return f"DataLoader({kwargs}{', pin_memory=True' if on_cuda else ''})"
+    return [_remedy(action, s, fraction, reason, "tensorized"), *workers_remedy(m, p, s)]
 
 
 def _sync_remedies(p: _Profile) -> list[Remedy]:
