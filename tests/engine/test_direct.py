@@ -99,6 +99,20 @@ def test_the_state_dict_loads_into_torchs_adam_and_back():
     assert float(again.state[next(iter(b.parameters()))]["step"]) == 20
 
 
+def test_saving_mid_run_leaves_the_counters_live_and_later_saves_right():
+    a, ref, b, got = _pair("adam")
+    data = _batches(12)
+    for i, (x, y) in enumerate(data):
+        _step(a, ref, x, y)
+        _step(b, got, x, y)
+        if i in (4, 8):
+            saved = got.state_dict()  # a checkpoint every few steps, as the engine writes
+    assert {float(s["step"]) for s in saved["state"].values()} == {9.0}
+    assert {float(s["step"]) for s in got.state_dict()["state"].values()} == {12.0}
+    assert got._plans[0].step is got.state[next(iter(b.parameters()))]["step"]  # still shared
+    assert _same(a, b)
+
+
 def test_a_parameter_without_a_gradient_steps_through_torch_with_its_own_counter():
     a, ref, b, got = _pair("adam")
     for i, (x, y) in enumerate(_batches(12)):

@@ -34,11 +34,15 @@ VARIANTS = {
     "device": {},
     "accum-cosine-bf16": {"step": {"accumulate": 2, "precision": "bf16"},
                           "schedule": {"name": "cosine", "warmup_steps": 3}},
+    # fast's and tta's engine: the fused kernel called directly, the data normalized once
+    "direct-once-onecycle": {"optim": {"name": "adamw", "impl": "direct"},
+                             "loader": {"normalize": "once"}, "schedule": {"name": "onecycle"}},
 }
 
 
 def recipe(variant: str) -> Recipe:
-    parts = {"loader": BASE.loader, "step": StepConfig(), "schedule": ScheduleConfig()}
+    parts = {"loader": BASE.loader, "step": StepConfig(), "schedule": ScheduleConfig(),
+             "optim": BASE.optim}
     changes = {k: dataclasses.replace(parts[k], **v) for k, v in VARIANTS[variant].items()}
     return dataclasses.replace(BASE, **changes)
 

@@ -100,9 +100,12 @@ class _Direct:
 
     def state_dict(self) -> dict[str, Any]:
         out = super().state_dict()
-        for state in out["state"].values():  # each its own counter: loads into a torch Adam
-            if isinstance(state.get("step"), torch.Tensor):
-                state["step"] = state["step"].clone()
+        # each parameter its own counter, so it loads into a torch Adam. New dicts: torch's
+        # state_dict() hands out the live per-parameter state dicts themselves, and replacing
+        # their shared counter would freeze what the next checkpoint saves
+        out["state"] = {k: ({**v, "step": v["step"].clone()}
+                            if isinstance(v.get("step"), torch.Tensor) else v)
+                        for k, v in out["state"].items()}
         return out
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
