@@ -125,6 +125,36 @@ def test_a_parameter_without_a_gradient_steps_through_torch_with_its_own_counter
     assert _same(a, b)
     steps = {float(got.state[p]["step"]) for p in b.parameters()}
     assert steps == {10.0, 12.0}  # counters diverged, as torch's do
+    assert got._torch_only and got._plans is None  # torch's step from then on, no re-checks
+
+
+def test_a_missing_gradient_in_a_later_group_never_updates_an_earlier_group_twice():
+    a, b = _model(), _model()
+    groups = lambda m: [{"params": m[0].parameters()}, {"params": m[2].parameters()}]  # noqa: E731
+    ref = torch.optim.Adam(groups(a), lr=1e-2, fused=True)
+    got = DirectAdam(groups(b), lr=1e-2)
+    for i, (x, y) in enumerate(_batches(8)):
+        for model, opt in ((a, ref), (b, got)):
+            F.cross_entropy(model(x), y).backward()
+            if i == 5:
+                model[2].bias.grad = None  # the second group falls back to torch's step
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+    assert _same(a, b)
+
+
+def test_parameters_replaced_in_a_group_are_planned_again():
+    a, ref, b, got = _pair("adam")
+    for x, y in _batches(3):
+        _step(a, ref, x, y)
+        _step(b, got, x, y)
+    c, d = _model(seed=3), _model(seed=3)  # other tensors of the same shapes
+    ref.param_groups[0]["params"] = list(c.parameters())
+    got.param_groups[0]["params"] = list(d.parameters())
+    for x, y in _batches(3, seed=9):
+        _step(c, ref, x, y)
+        _step(d, got, x, y)  # compares by identity: no elementwise tensor == in a bool
+    assert _same(c, d)
 
 
 def test_step_hooks_a_closure_and_a_grad_scaler_are_honoured():

@@ -44,19 +44,21 @@ class _Plan:
         self.steps = [shared] * len(self.params)
 
 
-def _plannable(opt: torch.optim.Optimizer) -> bool:
+def _plannable(opt: torch.optim.Optimizer) -> bool | str:
+    """True; False: not yet (no state before torch's first step); "never": these settings or
+    diverged step counters (until the state is loaded again or a group is added)."""
     for group in opt.param_groups:
         if group["amsgrad"] or group["maximize"] or isinstance(group["lr"], torch.Tensor):
-            return False
+            return "never"
         params = group["params"]
         if not params or any(p not in opt.state or "exp_avg" not in opt.state[p] for p in params):
             return False
         devices = {(p.device, p.dtype) for p in params}
         if len(devices) != 1 or any(p.is_sparse or p.is_complex() for p in params):
-            return False
+            return "never"
         steps = {float(opt.state[p]["step"]) for p in params}  # sync: once, when planning
         if len(steps) != 1:  # params that skipped steps (no grad) keep their own counters
-            return False
+            return "never"
     return True
 
 
@@ -64,28 +66,36 @@ class _Direct:
     """The direct step, mixed into Adam / AdamW (which must come after it in the MRO)."""
 
     _plans: list[_Plan] | None = None
+    _torch_only = False  # set once planning can never succeed (amsgrad, diverged counters)
 
     def step(self, closure=None):  # noqa: D401 - torch's signature
-        if closure is not None or self._hooked() or self._scaled():
+        if closure is not None or self._hooked() or self._scaled() or self._torch_only:
             return self._torch_step(closure)
         if self._plans is None:
-            if not _plannable(self):
+            ready = _plannable(self)
+            if ready is not True:
+                self._torch_only = ready == "never"  # no per-step re-check (it reads counters)
                 return self._torch_step(closure)
             self._plans = [_Plan(g, self.state) for g in self.param_groups]
+        grads = []  # every group checked before any is updated: a fallback steps them all
         for group, plan in zip(self.param_groups, self._plans):
-            if group["params"] != plan.params:  # params added or replaced: plan again
+            params = group["params"]
+            if len(params) != len(plan.params) or any(
+                    p is not q for p, q in zip(params, plan.params)):  # params replaced: replan
                 return self._torch_step(closure)
-            grads = [p.grad for p in plan.params]
-            if any(g is None for g in grads):
+            found = [p.grad for p in plan.params]
+            if any(g is None for g in found):
                 return self._torch_step(closure)
+            grads.append(found)
+        for group, plan, found in zip(self.param_groups, self._plans, grads):
             beta1, beta2 = group["betas"]
             kernel = (torch._fused_adamw_ if group.get("decoupled_weight_decay")
                       else torch._fused_adam_)
             plan.step.add_(1)
-            kernel(plan.data, grads, plan.exp_avgs, plan.exp_avg_sqs, [], plan.steps,
-                         amsgrad=False, lr=group["lr"], beta1=float(beta1), beta2=float(beta2),
-                         weight_decay=group["weight_decay"], eps=group["eps"], maximize=False,
-                         grad_scale=None, found_inf=None)
+            kernel(plan.data, found, plan.exp_avgs, plan.exp_avg_sqs, [], plan.steps,
+                   amsgrad=False, lr=group["lr"], beta1=float(beta1), beta2=float(beta2),
+                   weight_decay=group["weight_decay"], eps=group["eps"], maximize=False,
+                   grad_scale=None, found_inf=None)
         return None  # an LR scheduler's own wrapper of opt.step records the call
 
     step.hooked = True  # tells torch's Optimizer.__init__ not to wrap it in profile_hook_step
@@ -109,11 +119,12 @@ class _Direct:
         return out
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        self._plans = None
+        self._plans, self._torch_only = None, False
         super().load_state_dict(state_dict)
 
     def add_param_group(self, param_group: dict[str, Any]) -> None:
         self._unplan()
+        self._torch_only = False
         super().add_param_group(param_group)
 
     def _torch_step(self, closure):
