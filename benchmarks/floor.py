@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 import statistics
 import sys
 import warnings
@@ -31,20 +30,10 @@ from looptune._io import atomic_write_text
 from looptune.bench import workloads
 from looptune.engine.device import resolve_device
 from looptune.measure.floor import Floor, measure_floor
+from looptune.measure.provenance import cpu_name
 from looptune.presets import default_recipes, get_recipe
 
 GOAL_FLOOR, GOAL_SPEEDUP = 2.5, 12.0
-
-
-def cpu_name() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 def _batch(train: Any, n: int, device: torch.device):

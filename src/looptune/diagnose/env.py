@@ -144,6 +144,6 @@ def _shm_bytes() -> int | None:
 
 
 def _cpu_name() -> str:
-    from looptune.measure.provenance import _cpu_name as name
+    from looptune.measure.provenance import cpu_name
 
-    return name()
+    return cpu_name()

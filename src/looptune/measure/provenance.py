@@ -11,7 +11,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["provenance"]
+__all__ = ["cpu_name", "provenance"]
 
 
 def provenance(device: torch.device) -> dict[str, Any]:
@@ -25,7 +25,7 @@ def provenance(device: torch.device) -> dict[str, Any]:
         "looptune": __version__, **_git(),
         "python": platform.python_version(), "torch": torch.__version__,
         "numpy": numpy.__version__, "torchvision": _version_of("torchvision"),
-        "platform": platform.platform(), "cpu": _cpu_name(), "cpu_count": os.cpu_count(),
+        "platform": platform.platform(), "cpu": cpu_name(), "cpu_count": os.cpu_count(),
         "torch_threads": torch.get_num_threads(), "device": str(device),
         "device_name": _device_name(device), "cuda": torch.version.cuda,
     }
@@ -38,7 +38,8 @@ def _version_of(module: str) -> str | None:
         return None
 
 
-def _cpu_name() -> str:
+def cpu_name() -> str:
+    """The CPU model (/proc/cpuinfo's "model name"), else what platform knows."""
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
             if line.startswith("model name"):
@@ -51,7 +52,7 @@ def _cpu_name() -> str:
 def _device_name(device: torch.device) -> str:
     if device.type == "cuda":
         return torch.cuda.get_device_name(device)
-    return _cpu_name()
+    return cpu_name()
 
 
 def _git() -> dict[str, Any]:

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import os
-import platform
 import statistics
 import time
 from collections.abc import Callable
@@ -25,6 +24,7 @@ from typing import Any
 import torch
 
 from looptune._io import atomic_write_text
+from looptune.measure.provenance import cpu_name
 from looptune.recipe import OptimConfig, StepConfig
 
 __all__ = ["Candidate", "ProbeResult", "cache_path", "machine_key", "probe", "probed_settings"]
@@ -76,17 +76,6 @@ def cache_path() -> Path:
     return (Path(xdg) if xdg else Path.home() / ".cache") / "looptune" / "probes.json"
 
 
-def _cpu_model() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
 def _usable_cores() -> int:
     try:
         return len(os.sched_getaffinity(0))
@@ -96,7 +85,7 @@ def _usable_cores() -> int:
 
 def machine_key(device: torch.device) -> str:
     where = (torch.cuda.get_device_name(device) if device.type == "cuda"
-             else f"{_cpu_model()}, {_usable_cores()} cores")
+             else f"{cpu_name()}, {_usable_cores()} cores")
     return f"{where}, torch {torch.__version__}"
 
 
