@@ -65,3 +65,25 @@ def test_recipe_values_are_accepted(tiny_workload):
                                                               batch_size=128))
     res = looptune.bench(workload="tiny", recipes=[custom], epochs=1, device="cpu")
     assert res.runs[0].batches_per_epoch == 2 and res.runs[0].recipe == "device-b128"
+
+
+def test_normalize_once_on_augmented_data_is_refused_before_any_recipe_trains(
+        monkeypatch, make_image_data):
+    from looptune.data.augment import RandomAffine
+    from looptune.data.loaders import ImageData
+    from looptune.engine import loop
+    from looptune.recipe import LoaderConfig, Recipe
+
+    base = make_image_data(64, seed=1)
+    augmented = ImageData(base.images, base.labels, base.mean, base.std, augment=RandomAffine())
+    spec = dataclasses.replace(workloads.WORKLOADS["mnist-mlp"], name="tiny-aug",
+                               load=lambda data_dir=None: (augmented, make_image_data(32)))
+    monkeypatch.setitem(workloads.WORKLOADS, "tiny-aug", spec)
+    trained = []
+    monkeypatch.setattr(loop, "train", lambda *a, **k: trained.append(1))
+    once = Recipe(name="once", loader=LoaderConfig(strategy="device", decode="tensorized",
+                                                   normalize="once"))
+    with pytest.raises(ConfigError, match="recipe 'once': loader.normalize='once' with "
+                                          "workload tiny-aug's augmented images"):
+        looptune.bench(workload="tiny-aug", recipes=["device", once], epochs=1, device="cpu")
+    assert trained == []  # refused before the first recipe ran

@@ -123,3 +123,12 @@ def test_looptune_probe_refresh_measures_again(monkeypatch):
     monkeypatch.setenv("LOOPTUNE_PROBE", "refresh")
     probed_settings(**_kwargs())
     assert SlowUnlessOneThread.calls > 0
+
+
+def test_an_unknown_looptune_probe_value_is_refused_naming_it(monkeypatch):
+    from looptune.errors import ConfigError
+
+    monkeypatch.setenv("LOOPTUNE_PROBE", "sometimes")
+    with pytest.raises(ConfigError, match="LOOPTUNE_PROBE='sometimes' is invalid: use 1"):
+        probed_settings(**_kwargs())
+    assert not cache_path().exists()

@@ -173,8 +173,14 @@ def bench(*, workload: str = "mnist-mlp", recipes: Sequence[str | Recipe] | None
     try:
         dev = dist_context.rank_device(dev, ctx)
         train_data, test_data = spec.load(data_dir=data_dir, **wl_options)
-        if problems := schedule_problems(chosen, epochs=options.epochs,
-                                         train_size=len(train_data), world_size=ctx.world_size):
+        problems = schedule_problems(chosen, epochs=options.epochs, train_size=len(train_data),
+                                     world_size=ctx.world_size)
+        if getattr(train_data, "augment", None) is not None:  # before any recipe trains
+            problems += [f"recipe {r.name!r}: loader.normalize='once' with workload "
+                         f"{spec.name}'s augmented images: each epoch needs new random "
+                         "transforms of the uint8 pixels. Use loader.normalize='batch'."
+                         for r in chosen if r.loader.normalize == "once"]
+        if problems:
             raise ConfigError(problems)
         _warm_up(spec, train_data, dev, wl_options)
         trials: list[list[RunResult]] = [[] for _ in chosen]

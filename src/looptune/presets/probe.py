@@ -24,6 +24,7 @@ from typing import Any
 import torch
 
 from looptune._io import atomic_write_text
+from looptune.errors import ConfigError
 from looptune.measure.provenance import cpu_name
 from looptune.recipe import OptimConfig, StepConfig
 
@@ -33,6 +34,7 @@ PROBE_VERSION = 1  # bump when what a probe measures changes: old cached results
 ROUNDS = 9  # interleaved rounds; each candidate's median is compared (a burst of load on a
 # shared VM hits one or two short rounds, not the median)
 ROUND_S = 0.04  # seconds of steps per candidate per round
+_MODES = ("", "1", "on", "yes", "true", "0", "off", "no", "false", "refresh")  # LOOPTUNE_PROBE
 WIN = 0.03  # a candidate replaces the first (the plain choice) only when >= 3% faster
 
 
@@ -140,7 +142,12 @@ def probed_settings(*, workload: str, batch_size: int, candidates: list[Candidat
     slow each other down and could pick different settings, so they take the plain one instead.
     """
     plain = candidates[0]
-    if os.environ.get("LOOPTUNE_PROBE", "1").strip().lower() in ("0", "off", "no", "false"):
+    mode = os.environ.get("LOOPTUNE_PROBE", "1").strip().lower()
+    if mode not in _MODES:
+        raise ConfigError(f"LOOPTUNE_PROBE={os.environ['LOOPTUNE_PROBE']!r} is invalid: use 1 "
+                          "(probe once, then the cache), 0 (no probe: the plain setting) or "
+                          "refresh (measure again). Unset it for the default.")
+    if mode in ("0", "off", "no", "false"):
         return plain, "not probed (LOOPTUNE_PROBE=0): the plain setting, unmeasured here"
     kwargs = dict(workload=workload, batch_size=batch_size, candidates=candidates,
                   build_model=build_model, loss_fn=loss_fn, make_batch=make_batch,
@@ -152,8 +159,7 @@ def probed_settings(*, workload: str, batch_size: int, candidates: list[Candidat
                            "disagree; run `looptune bench` once in one process to probe this "
                            "machine, later launches read the cached result")
         return cached.chosen, cached.evidence()
-    refresh = os.environ.get("LOOPTUNE_PROBE", "").strip().lower() == "refresh"
-    result = probe(**kwargs, refresh=refresh)
+    result = probe(**kwargs, refresh=mode == "refresh")
     return result.chosen, result.evidence()
 
 
