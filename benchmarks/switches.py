@@ -33,6 +33,8 @@ SWITCHES = [
     ("impl=for-loop", ["optim.impl=for-loop"], ("cpu", "cuda")),
     ("impl=foreach", ["optim.impl=foreach"], ("cpu", "cuda")),
     ("impl=fused", ["optim.impl=fused"], ("cpu", "cuda")),
+    ("impl=direct", ["optim.impl=direct"], ("cpu", "cuda")),
+    ("normalize=once", ["loader.normalize=once"], ("cpu", "cuda")),
     ("cpu_threads=1", ["cpu_threads=1"], ("cpu",)),
     ("compile=default", ["step.compile=default"], ("cpu", "cuda")),
     ("compile=reduce-overhead", ["step.compile=reduce-overhead"], ("cuda",)),

@@ -33,7 +33,8 @@ def test_seed_ladder_smoke(mnist_dir, tmp_path):
 
 @pytest.mark.integration
 @pytest.mark.parametrize("script,needles", [
-    ("switches.py", ["impl=fused", "precision=bf16", "compile=default", "skipped"]),
+    ("switches.py", ["impl=fused", "impl=direct", "normalize=once", "precision=bf16",
+                     "compile=default", "skipped"]),
     ("engine_goals.py", ["speed at batch 64", "time to 97.5%"]),
 ])
 def test_engine_benchmarks_smoke(mnist_dir, script, needles):
@@ -63,6 +64,12 @@ def test_diagnose_overhead_smoke(mnist_dir):
     proc = _smoke("diagnose_overhead.py", "--data", str(mnist_dir))
     assert "accounting:" in proc.stdout and "A/B probe overhead" in proc.stdout
     assert "verdict on the reference: data_loading" in proc.stdout
+
+
+def test_step_parts_smoke():
+    proc = _smoke("step_parts.py")
+    for needle in ("update: impl=direct", "direct engine call", "normalized-once gather"):
+        assert needle in proc.stdout
 
 
 def test_verdict_check_smoke():
