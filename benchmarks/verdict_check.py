@@ -50,6 +50,7 @@ def scripts(data: str | None, out_dir: str) -> list[tuple[str, list[str], int]]:
     planted = [("scripts/conv_compute.py", [], 20), ("scripts/tiny_ops.py", [], 60),
                ("scripts/tiny_sync.py", [], 60), ("scripts/compute_heavy.py", [], 20),
                ("scripts/slow_getitem.py", [], 20), ("scripts/workers.py", [], 20),
+               ("scripts/overlap_loader.py", [], 20),
                ("scripts/char_lm_loop.py", [], 30), ("scripts/other_optimizer.py", [], 30)]
     loops = [("loops/pytorch_examples_mnist.py", mnist, 30),
              ("loops/nanogpt_style.py", ["--out_dir", out_dir], 30),

@@ -13,6 +13,7 @@ import looptune
 from looptune.diagnose import verdict
 from looptune.diagnose.model import PHASES
 from looptune.diagnose.runner import parse_loader_action
+from looptune.diagnose.verify import SHORT
 
 SCRIPTS = Path(__file__).parent / "scripts"
 
@@ -83,15 +84,42 @@ def test_module_mode(monkeypatch):
 def test_verify_reruns_with_the_loader_remedy(monkeypatch):
     monkeypatch.setattr("os.cpu_count", lambda: 2)
     # what is tested is the rerun with a loader remedy's settings: keep the one-worker remedy
-    # listed even when a loaded VM puts its estimate (<= 1 / data share, ~1.1x here) under the
-    # 5% a remedy must promise to be named (seen in CI: none listed, nothing rerun)
+    # listed even when a loaded VM puts its estimate under the 5% a remedy must promise to be
+    # named (seen in CI: none listed, nothing rerun)
     monkeypatch.setattr(verdict, "MIN_SPEEDUP", 1.0)
-    d = run("slow_getitem.py", "--workers", "0", steps=12, verify=True)
+    monkeypatch.setattr(verdict, "batch_remedy", lambda *a, **k: None)  # as large here: not this
+    d = run("overlap_loader.py", steps=12, verify=True)
     v = d.verify
-    assert v["remedy"] == "DataLoader(num_workers=1, persistent_workers=True)"
+    assert v["remedy"] == "DataLoader(num_workers=1, persistent_workers=True)", d.remedies
     assert v["overrides"] == {"num_workers": 1, "persistent_workers": True}
     assert v["before_step_ms"] > 0 and v["after_step_ms"] > 0
     assert v["speedup"] == pytest.approx(v["before_step_ms"] / v["after_step_ms"])
+
+
+@pytest.mark.integration
+def test_the_workers_bound_comes_from_one_worker_read_and_holds_when_rerun(monkeypatch):
+    # loading (~8 ms of Python per batch) beside a ~10 ms one-thread step: a worker on the second
+    # core overlaps them, and the bound built on its measured read must hold in the rerun. The
+    # batch-size remedy (1.2-1.4x here, as large) is another rule's, tested on its own scripts:
+    # left out so that --verify reruns this one
+    monkeypatch.setattr(verdict, "batch_remedy", lambda *a, **k: None)
+    d = run("overlap_loader.py", steps=15, verify=True)
+    (workers,) = [r for r in d.remedies if r.kind == "loader"]
+    assert "per batch from one worker and take = " in workers.reason, workers.reason
+    v = d.verify
+    assert v["kind"] == "loader" and v["applied"], v
+    assert v["speedup"] >= SHORT * v["expected_speedup"], v
+
+
+@pytest.mark.integration
+def test_a_worker_slower_than_the_main_process_is_not_promised():
+    # slow_getitem: ~0.3 ms of Python per sample and almost no step; one worker reads its batches
+    # no faster than the main process (plus pickling: 5.5-6.0 vs 4.2 ms per batch here), so the
+    # workers remedy cannot pay; the old bound, the main process's read / 1, promised 1.09-1.43x
+    # and the rerun measured 0.71-1.21x
+    d = run("slow_getitem.py", steps=12)
+    assert d.bottleneck == "data_loading"
+    assert all(r.expected_speedup <= 1.2 for r in d.remedies if r.kind == "loader"), d.remedies
 
 
 def test_trace_writes_a_chrome_trace_and_a_top_ops_table(tmp_path):

@@ -4,6 +4,7 @@ replay on real modules, and the planted scripts end to end."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -14,6 +15,7 @@ import looptune
 from looptune.diagnose.batch_rule import batch_remedy, batch_verdict, scaled_step
 from looptune.diagnose.model import (BatchScaling, Environment, LoaderInfo, Measurements, Remedy,
                                      StepSample, Verdict)
+from looptune.diagnose.env import busy_processes
 from looptune.diagnose.scaling import ModelCapture, measure_scaling, replay_problem
 from looptune.diagnose.verdict import analyze
 from looptune.diagnose.verify import SHORT, apply_measured, verify_remedy
@@ -102,8 +104,28 @@ def test_capture_keeps_the_outermost_calls_and_the_replay_picks_the_model():
     sc = measure_scaling(calls, torch.device("cpu"))
     assert sc.measured and sc.batch == 8 and sc.factor == 4 and sc.module == "Sequential"
     assert sc.small_s > 0 and sc.large_s > 0 and sc.bf16_s > 0 and sc.calls_per_step == 1
+    if (os.cpu_count() or 1) >= 2 and hasattr(os, "fork"):  # timed beside a busy process too
+        assert sc.beside_busy_s > 0
     assert all(torch.equal(a, b) for a, b in zip(before, model.parameters()))  # a private copy
     assert all(p.grad is None for p in model.parameters())
+
+
+def _gone(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    return False
+
+
+def test_busy_processes_spin_beside_and_are_reaped():
+    if not hasattr(os, "fork"):
+        pytest.skip("needs os.fork")
+    with busy_processes(2, seconds=5.0) as pids:
+        assert len(pids) == 2 and not any(_gone(pid) for pid in pids)
+        with open(f"/proc/{pids[0]}/stat") as f:  # spinning, not sleeping
+            assert f.read().split()[2] == "R"
+    assert all(_gone(pid) for pid in pids)  # killed and reaped: no zombie left
 
 
 class _HFLike(torch.nn.Module):
@@ -159,7 +181,7 @@ def test_verify_reruns_a_batch_remedy_and_compares_per_sample():
                                error=None, stopped="steps")
 
     out = verify_remedy(_verdict(batch, other), _before(), 5, rerun)
-    assert seen == {"loader_overrides": {"batch_size": 256}, "autocast": False}
+    assert seen == {"loader_overrides": {"batch_size": 256}, "autocast": None}
     # 10 ms per 64 samples -> 36 ms per 256: 4 x 10 / 36 = 1.11x per sample, far below 2.6x
     assert out["speedup"] == pytest.approx(40 / 36) and out["per_sample"] is True
     assert out["top"] and "short of the 2.60x bound" in out["short"]
@@ -175,7 +197,7 @@ def test_verify_applies_bf16_and_says_when_the_top_remedy_cannot_be_applied():
                   expected_speedup=1.3, reason="r", kind="precision")
 
     def rerun(*, loader_overrides, autocast):
-        assert autocast is True and loader_overrides is None
+        assert autocast == "bf16" and loader_overrides is None
         return SimpleNamespace(measurements=SimpleNamespace(loaders=[]), step_s=[0.008] * 5,
                                error=None, stopped="steps")
 
@@ -185,6 +207,44 @@ def test_verify_applies_bf16_and_says_when_the_top_remedy_cannot_be_applied():
     assert "short" not in out and 1.25 >= SHORT * 1.3
     nothing = verify_remedy(_verdict(tensorized), _before(), 5, rerun)
     assert nothing["remedy"] is None and "tensorized" in nothing["reason"]
+
+
+def test_verify_pins_the_math_attention_kernel_when_the_bf16_remedy_does():
+    # the bound was measured with the math kernel (the CPU flash kernel's bf16 backward is
+    # slow): a rerun under autocast alone measured 1.29-1.44x against a 1.85-1.98x bound
+    bf16 = Remedy(action="bf16 autocast: torch.autocast('cpu', dtype=torch.bfloat16), with "
+                         "torch.nn.attention.sdpa_kernel(SDPBackend.MATH) around the forward",
+                  expected_speedup=1.9, reason="r", kind="precision")
+    seen = {}
+
+    def rerun(*, loader_overrides, autocast):
+        seen["autocast"] = autocast
+        return SimpleNamespace(measurements=SimpleNamespace(loaders=[]), step_s=[0.0055] * 5,
+                               error=None, stopped="steps")
+
+    out = verify_remedy(_verdict(bf16), _before(), 5, rerun)
+    assert seen["autocast"] == out["autocast"] == "bf16+math-sdpa"
+
+
+def test_the_rerun_runs_attention_on_the_math_kernel_under_bf16_math_sdpa(tmp_path):
+    from looptune.diagnose.runner import _run_once
+
+    script = tmp_path / "attn.py"
+    script.write_text(
+        "import torch\n"
+        "from torch.nn.attention import _cur_sdpa_kernel_backends, SDPBackend\n"
+        "lin = torch.nn.Linear(8, 8)\n"
+        "opt = torch.optim.SGD(lin.parameters(), lr=0.1)\n"
+        "seen = set()\n"
+        "for _ in range(12):\n"
+        "    seen.add((torch.is_autocast_enabled('cpu'), tuple(_cur_sdpa_kernel_backends())))\n"
+        "    lin(torch.randn(4, 8)).float().sum().backward()\n"
+        f"    open({str(tmp_path / 'seen.txt')!r}, 'w').write(repr(seen))\n"
+        "    opt.step()\n")
+    _run_once(str(script), [], module=False, steps=5, warmup=2, seconds=None, trace_dir=None,
+              autocast="bf16+math-sdpa", scale=False)
+    seen = (tmp_path / "seen.txt").read_text()
+    assert "True" in seen and "SDPBackend.MATH" in seen and "FLASH" not in seen
 
 
 # --- planted scripts, end to end -----------------------------------------------------------------

@@ -11,8 +11,8 @@ import random
 
 import pytest
 
-from looptune.diagnose.model import (PHASES, Environment, LoaderInfo, Measurements, StepSample,
-                                     Verdict)
+from looptune.diagnose.model import (PHASES, BatchScaling, Environment, LoaderInfo,
+                                     Measurements, StepSample, Verdict, WorkerRead)
 from looptune.diagnose.verdict import amdahl, analyze, render_breakdown
 from looptune.errors import MeasurementError
 
@@ -314,11 +314,15 @@ def test_workers_on_two_cores():
     (f,) = [f for f in v.findings if f.name == "workers_vs_cores"]
     assert f.severity == "warning"
     assert "num_workers=2 on 2 CPU cores" in f.message and "num_workers=1" in f.message
-    # 1 worker beside the step's 2 threads on 2 cores: max(6 / 1, 4 x 2) ms
+    # the 4 ms rest ran beside 2 workers busy 6 / 10 of the time, each costing the step's 2
+    # threads a core (2x): alone 4 / (1 + 0.6) = 2.5 ms; 1 worker: max(6 / 1, 2.5 x 2) ms
     workers = _by_kind(v, "loader")[0]
     assert workers.action == "DataLoader(num_workers=1, persistent_workers=True)"
-    assert workers.expected_speedup == round(10 / max(6, 4 * 2), 2) == 1.25
-    assert "process hand-over and spinning threads are not modelled" in workers.reason
+    assert workers.expected_speedup == round(10 / max(6, 2.5 * 2), 2) == 1.67
+    assert "the step's 2 thread(s) keep 1 of 2 cores beside 1 busy worker(s) (not measured" in (
+        workers.reason)
+    assert "read = the main process's data wait, take = 0 (one worker's rate: not measured" in (
+        workers.reason)
     ok = analyze(_m(steps, loaders=[_loader(num_workers=1)], env=_cpu(cores=2)))
     assert "workers_vs_cores" not in _names(ok) and not _by_kind(ok, "loader")
     none = analyze(_m(steps, loaders=[_loader(num_workers=0)], env=_cpu(cores=2)))
@@ -337,6 +341,87 @@ def test_workers_gain_no_more_than_the_cores_the_machine_delivers():
     assert "delivered 1.6 of 2 cores to 2 busy processes" in workers.reason
     stolen = analyze(_m(steps, loaders=[_loader()], env=_cpu(cores=2, threads=1, cpu_capacity=1.0)))
     assert not _by_kind(stolen, "loader")  # all work on one core: workers cannot pay
+
+
+def test_workers_bound_uses_the_measured_one_worker_read_and_take():
+    # the main process reads a batch in 5 ms, the rest of the step is 5 ms (1 thread, 2 cores)
+    steps = _steps(step_s=0.010, data_wait_s=0.005)
+    env = _cpu(cores=2, threads=1, cpu_capacity=2.0)
+    # one worker delivers a batch every 4 ms and the step pays 0.5 ms to take it:
+    # max(4, 5 + 0.5, (4 + 0.5 + 5) / 2) = 5.5 ms -> 10 / 5.5
+    fast = WorkerRead(batch_s=0.004, receive_s=0.0005, batches=50, start_s=0.02)
+    (workers,) = _by_kind(analyze(_m(steps, loaders=[_loader()], env=env, worker_read=fast)),
+                          "loader")
+    assert workers.expected_speedup == round(10 / 5.5, 2) == 1.82
+    assert "read = 4.00 ms per batch from one worker and take = 0.500 ms" in workers.reason
+    assert "one worker read 50 batches" in workers.reason
+    # a worker that needs 11 ms per batch (pickling, a slower vCPU) cannot beat 10 ms in turn:
+    # no workers remedy, although the main process's 5 ms read would have promised 2x
+    slow = WorkerRead(batch_s=0.011, receive_s=0.0005, batches=50, start_s=0.02)
+    assert not _by_kind(analyze(_m(steps, loaders=[_loader()], env=env, worker_read=slow)),
+                        "loader")
+    # with a worker already, taking a batch (1 ms) is part of the data wait, not of the rest
+    # (6 ms): it is added again. read 12 ms per worker: 2 workers take max(12 / 2, 6 + 1,
+    # (12 + 1 + 6) / 3) = 7 ms
+    one = _steps(step_s=0.010, data_wait_s=0.004)
+    v = analyze(_m(one, loaders=[_loader(num_workers=1)],
+                   env=_cpu(cores=3, threads=1, cpu_capacity=3.0),
+                   worker_read=WorkerRead(batch_s=0.012, receive_s=0.001, batches=9)))
+    (two,) = _by_kind(v, "loader")
+    assert two.action.startswith("DataLoader(num_workers=2")
+    assert two.expected_speedup == round(10 / 7, 2) == 1.43
+    unmeasured = WorkerRead(note="reading it with one worker failed (PicklingError: x)")
+    (fallback,) = _by_kind(analyze(_m(steps, loaders=[_loader()], env=env,
+                                      worker_read=unmeasured)), "loader")
+    assert "one worker's rate: reading it with one worker failed (PicklingError: x)" in (
+        fallback.reason)
+
+
+def test_workers_bound_uses_the_step_replayed_beside_a_busy_process():
+    # data 5 ms + rest 5 ms, 2 cores, 2 step threads; one worker reads a batch in 5 ms
+    steps = _steps(step_s=0.010, data_wait_s=0.005)
+    read = WorkerRead(batch_s=0.005, receive_s=0.0, batches=50)
+    env = _cpu(cores=2, threads=2, cpu_capacity=2.0)
+
+    def bound(beside: float | None) -> list:
+        bs = BatchScaling(batch=64, factor=4, module="Net", small_s=0.004, large_s=0.016,
+                          beside_busy_s=beside)
+        return _by_kind(analyze(_m(steps, loaders=[_loader()], env=env, worker_read=read,
+                                   batch_scaling=bs)), "loader")
+
+    # the replay took 1.2x as long beside a busy process: max(5, 5 x 1.2, 10 / 2) = 6 ms
+    (mild,) = bound(0.0048)
+    assert mild.expected_speedup == round(10 / 6, 2) == 1.67
+    assert "slow = 1.2: the step's model (Net) replayed beside one busy process took 1.20x" in (
+        mild.reason)
+    # the threads model alone would say 2x (2 threads on 1 core): 10 ms, no gain; the measured
+    # 3x (OpenMP barriers waiting on a descheduled thread) is worse still: no remedy either way
+    assert not bound(0.012)
+    assert not bound(None)  # not measured: threads / cores left = 2 -> max(5, 10, 5): 1.0x
+
+
+def test_too_many_workers_get_the_main_process_read_as_a_measured_candidate():
+    # the tutorial with --workers 8 on 2 cores: step 5 ms, 2.7 ms of it waiting for a batch
+    steps = _steps(step_s=0.005, data_wait_s=0.0027)
+    env = _cpu(cores=2, threads=2, cpu_capacity=2.0)
+    bs = BatchScaling(batch=64, factor=4, module="Net", small_s=0.0004, large_s=0.0012,
+                      beside_busy_s=0.001)  # 2.5x as long beside one busy process
+    read = WorkerRead(batch_s=0.003, receive_s=0.00086, batches=200, main_s=0.00203)
+    v = analyze(_m(steps, loaders=[_loader(num_workers=8)], env=env, worker_read=read,
+                   batch_scaling=bs))
+    (zero,) = _by_kind(v, "loader")
+    # the 2.3 ms rest ran beside workers busy 3 / 5 of the time, each slowing it 2.5x: alone
+    # 2.3 / (1 + 1.5 x 0.6) = 1.21 ms; without workers 2.03 + 1.21 ms; one worker would take
+    # max(3.0, (1.21 + 0.86) x 2.5, ...) = 5.18 ms (no gain)
+    assert zero.action == "DataLoader(num_workers=0)"
+    assert zero.expected_speedup == round(5 / (2.03 + 2.3 / 1.9), 2) == 1.54
+    assert "the main process reads a batch in 2.03 ms (measured alone" in zero.reason
+    assert "1 worker(s) would take 5.18 ms by the same model" in zero.reason
+    # not measured in the main process: the candidate is not offered on a guess
+    unread = WorkerRead(batch_s=0.003, receive_s=0.00086, batches=200)
+    v = analyze(_m(steps, loaders=[_loader(num_workers=8)], env=env, worker_read=unread,
+                   batch_scaling=bs))
+    assert all(r.action != "DataLoader(num_workers=0)" for r in v.remedies)
 
 
 def test_cpu_capacity_is_measured_within_one_and_the_core_count():

@@ -2,17 +2,20 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import time
 import warnings
+from collections.abc import Iterator
 
 import torch
 
 from looptune.diagnose.model import Environment
 from looptune.measure.timing import sync
 
-__all__ = ["alloc_retries", "cpu_capacity", "environment", "matmul_rate", "memory_limit"]
+__all__ = ["alloc_retries", "busy_processes", "cpu_capacity", "environment", "matmul_rate",
+           "memory_limit"]
 
 
 def matmul_rate(device: torch.device, n: int = 1024, reps: int = 5,
@@ -93,30 +96,41 @@ def cpu_capacity(cores: int, rounds: int = 3, round_s: float = 0.05) -> float | 
         t0 = time.perf_counter()
         _spin(n)
         alone = time.perf_counter() - t0
-        children = []
-        for _ in range(cores - 1):
-            with warnings.catch_warnings():  # 3.12+: fork with threads warns; the child only spins
-                warnings.simplefilter("ignore", DeprecationWarning)
-                pid = os.fork()
-            if pid == 0:  # child: spin past the parent's window, then leave without cleanup
-                try:
-                    _spin(4 * n)
-                finally:
-                    os._exit(0)
-            children.append(pid)
-        try:
-            time.sleep(0.005)  # let the children start spinning
+        with busy_processes(cores - 1, seconds=10 * round_s + 1.0):
             t0 = time.perf_counter()
             _spin(n)
             together = time.perf_counter() - t0
-        finally:
-            for pid in children:
-                try:
-                    os.kill(pid, 9)
-                finally:
-                    os.waitpid(pid, 0)
         found.append(min(float(cores), max(1.0, cores * alone / together)))
     return sorted(found)[len(found) // 2]
+
+
+@contextlib.contextmanager
+def busy_processes(k: int, seconds: float) -> Iterator[list[int]]:
+    """``k`` forked processes spinning pure Python beside this one (as busy DataLoader workers
+    would), for at most ``seconds``; killed and reaped when the block ends. Needs os.fork.
+    Yields their pids."""
+    children: list[int] = []
+    try:
+        for _ in range(k):
+            with warnings.catch_warnings():  # 3.12+: fork with threads warns; the child only spins
+                warnings.simplefilter("ignore", DeprecationWarning)
+                pid = os.fork()
+            if pid == 0:  # child: spin until the deadline, then leave without cleanup
+                try:
+                    deadline = time.monotonic() + seconds
+                    while time.monotonic() < deadline:
+                        _spin(10_000)
+                finally:
+                    os._exit(0)
+            children.append(pid)
+        time.sleep(0.005)  # let the children start spinning
+        yield children
+    finally:
+        for pid in children:
+            try:
+                os.kill(pid, 9)
+            finally:
+                os.waitpid(pid, 0)
 
 
 def environment(device: torch.device, threads: int | None = None,

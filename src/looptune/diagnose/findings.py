@@ -44,8 +44,9 @@ def _workers_finding(m: Measurements, ld: LoaderInfo, label: str) -> list[Findin
     n, w = m.env.cpu_count, ld.num_workers
     return [Finding(name="workers_vs_cores", severity="warning", message=(
         f"{label}: num_workers={w} on {n} CPU cores: {w} workers + the main process compete with "
-        f"the training step itself. Use num_workers={max(0, n - 1)} (cpu_count - 1), or 0 with "
-        "a pre-decoded dataset."))]
+        f"the training step itself. Use at most num_workers={max(0, n - 1)} (cpu_count - 1), or 0 "
+        "(with a pre-decoded dataset); the DataLoader remedy, when listed, is sized from reads "
+        "of this loader measured on this machine."))]
 
 
 def _shm_finding(m: Measurements, ld: LoaderInfo, label: str) -> list[Finding]:

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 __all__ = ["PHASES", "BatchScaling", "Bottleneck", "Environment", "Finding", "LoaderInfo", "Measurements", "Phase",
-           "Remedy", "StepSample", "Verdict"]
+           "Remedy", "StepSample", "Verdict", "WorkerRead"]
 
 Bottleneck = Literal["data_loading", "host_to_device", "overhead", "compute", "memory"]
 # the phases one step's wall time is split into (they sum to the step time)
@@ -71,6 +71,8 @@ class BatchScaling:
     small_s: float | None = None  # seconds per forward + backward at ``batch``
     large_s: float | None = None  # the same at ``factor x batch``
     bf16_s: float | None = None  # the same at ``batch`` under bf16 autocast
+    # the same at ``batch`` beside one busy process (a DataLoader worker's share of the CPU)
+    beside_busy_s: float | None = None
     note: str | None = None  # why it was not measured
 
     @property
@@ -81,6 +83,25 @@ class BatchScaling:
     def per_sample_gain(self) -> float:
         """Time per sample at ``batch`` / time per sample at ``factor x batch``."""
         return self.factor * self.small_s / self.large_s  # type: ignore[operator]
+
+
+@dataclass(frozen=True, kw_only=True)
+class WorkerRead:
+    """The script's training DataLoader read by one worker process after the script stopped, the
+    main process only taking the batches (:mod:`looptune.diagnose.worker_read`)."""
+
+    batch_s: float | None = None  # seconds per batch one worker delivers, in steady state
+    receive_s: float | None = None  # main-process seconds to take a batch the worker has ready
+    batches: int = 0  # batches timed
+    start_s: float | None = None  # the worker's start-up and its first batch
+    # seconds per batch read in the main process (num_workers=0); measured when the script used
+    # workers (without them its data wait is that read)
+    main_s: float | None = None
+    note: str | None = None  # why it was not measured
+
+    @property
+    def measured(self) -> bool:
+        return bool(self.batch_s and self.receive_s is not None)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -100,6 +121,7 @@ class Measurements:
     oom: bool = False  # an out-of-memory error stopped the script
     env: Environment | None = None
     batch_scaling: BatchScaling | None = None  # the model replayed at B and k x B
+    worker_read: WorkerRead | None = None  # the training DataLoader read by one worker, measured
 
 
 @dataclass(frozen=True, kw_only=True)

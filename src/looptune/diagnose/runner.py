@@ -23,9 +23,9 @@ import torch
 
 from looptune.diagnose import env as env_probe
 from looptune.diagnose.collectives import RankWaits, launched_rank
-from looptune.diagnose.model import BatchScaling, Measurements
+from looptune.diagnose.model import BatchScaling, Measurements, WorkerRead
 from looptune.diagnose.result import MAX_WARMUP_STEPS, Diagnosis
-from looptune.diagnose.scaling import measure_scaling
+from looptune.diagnose.scaling import math_sdpa, measure_scaling
 from looptune.diagnose.schedule import UNBOUNDED, Schedule
 from looptune.diagnose.script import (
     Seen,
@@ -37,6 +37,7 @@ from looptune.diagnose.script import (
 )
 from looptune.diagnose.verdict import analyze
 from looptune.diagnose.verify import apply_measured, parse_loader_action, verify_remedy
+from looptune.diagnose.worker_read import measure_worker_read
 from looptune.errors import ConfigError, MeasurementError
 from looptune.measure.memory import PeakMemory
 from looptune.measure.probes import StepProbes, StopScript
@@ -101,7 +102,7 @@ class _Run:
 
 
 def _run_once(target, args, *, module, steps, warmup, seconds, trace_dir,
-              loader_overrides: dict[str, Any] | None = None, autocast: bool = False,
+              loader_overrides: dict[str, Any] | None = None, autocast: str | None = None,
               scale: bool = True, first_step_timeout: float | None = None) -> _Run:
     device = torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
     schedule = Schedule(warmup, steps, seconds, trace_dir, device)
@@ -126,7 +127,7 @@ def _run_once(target, args, *, module, steps, warmup, seconds, trace_dir,
         try:
             schedule.begin()
             with (torch.autocast(device.type, dtype=torch.bfloat16) if autocast  # --verify bf16
-                  else contextlib.nullcontext()):
+                  else contextlib.nullcontext()), math_sdpa(autocast == "bf16+math-sdpa"):
                 forked_children_exit_alone(run, os.getpid())
         except StopScript:
             pass
@@ -147,17 +148,29 @@ def _run_once(target, args, *, module, steps, warmup, seconds, trace_dir,
         probes.paused = True  # the replay's own backward calls are no steps of the script
         scaling = (measure_scaling(schedule.captured, device) if scale and probes.samples
                    else None)
+        # the training loader read by one worker, for the workers remedy (not in --verify reruns)
+        read = (_worker_read(probes) if scale and probes.samples and probes.loaders else None)
     seen = Seen(time.perf_counter() - t0, probes.drawn, len(probes.loaders), schedule.stopped,
                  exit_code)
     return _collect(schedule, probes, error=error, oom=oom, device=device, waits=waits.per_step,
-                    threads=threads[0] if threads else None, seen=seen, scaling=scaling)
+                    threads=threads[0] if threads else None, seen=seen, scaling=scaling,
+                    worker_read=read)
+
+
+def _worker_read(probes: StepProbes) -> WorkerRead:
+    """The loader the script drew the most batches from (the training loader), read by one
+    worker (and by the main process alone, when the script used workers)."""
+    key = max(probes.loaders, key=lambda k: probes.batches[k])
+    parts = probes.loader_parts.get(key)
+    return measure_worker_read(parts, in_process=bool(parts and parts["num_workers"] > 0))
 
 
 
 
 def _collect(schedule: Schedule, probes: StepProbes, *, error, oom, device,
              waits: list[float] | None = None, threads: int | None = None,
-             seen: Seen | None = None, scaling: BatchScaling | None = None) -> _Run:
+             seen: Seen | None = None, scaling: BatchScaling | None = None,
+             worker_read: WorkerRead | None = None) -> _Run:
     samples = probes.samples
     if not samples and probes.gave_up:
         raise MeasurementError(
@@ -188,7 +201,7 @@ def _collect(schedule: Schedule, probes: StepProbes, *, error, oom, device,
         peak_mem_bytes=mem.peak_bytes, mem_limit_bytes=env_probe.memory_limit(device),
         alloc_retries=env_probe.alloc_retries(device), oom=oom,
         env=env_probe.environment(device, threads, capacity=bool(probes.loaders)),
-        batch_scaling=scaling)
+        batch_scaling=scaling, worker_read=worker_read)
     wait_s = None if waits is None or len(waits) != len(samples) else waits[window]
     before = samples[:window.start][-MAX_WARMUP_STEPS:]
     return _Run(measurements, schedule.stopped, error, [s.step_s for s in measured], mem.kind,
@@ -339,8 +352,9 @@ class watch:
             return stopped  # nothing measured: the block's own exception (if any) goes on
         device = self._schedule.device
         scaling = measure_scaling(self._schedule.captured, device)  # the model at B and 4B
+        read = _worker_read(self._probes) if self._probes.loaders else None
         run = _collect(self._schedule, self._probes, error=error, oom=False, device=device,
-                       scaling=scaling)
+                       scaling=scaling, worker_read=read)
         self.diagnosis = _diagnosis(self.label, (), False, self.steps or UNBOUNDED, run,
                                     analyze(run.measurements), None)
         return stopped  # any other exception propagates, after the diagnosis was taken

@@ -14,7 +14,11 @@ one big matmul, diagnose measures this directly:
   fastest of several rounds. The optimizer, the loss and the script's own Python stay per-step
   costs in the verdict's model of the step;
 * the same replay at batch B under bf16 autocast measures what bf16 does to this model's forward
-  and backward (the casts included), for the bf16 remedy's bound.
+  and backward (the casts included), for the bf16 remedy's bound;
+* on a CPU with 2+ cores, the replay at batch B once more beside one busy process (a forked
+  pure-Python loop, as a DataLoader worker decoding samples): what a worker's core costs the
+  step's own threads, for the workers remedy's bound. (OpenMP threads that lose a core do not
+  just run at half speed: they wait at each barrier for a descheduled peer.)
 """
 
 from __future__ import annotations
@@ -29,7 +33,7 @@ import torch
 
 from looptune.diagnose.model import BatchScaling
 
-__all__ = ["ModelCapture", "measure_scaling", "replay_problem"]
+__all__ = ["ModelCapture", "math_sdpa", "measure_scaling", "replay_problem"]
 
 FACTOR = 4  # the larger batch: the batch-size remedy proposes the same factor
 MIN_TIME_S = 0.05  # each timed replay runs at least this long (several calls when they are short)
@@ -175,7 +179,31 @@ def measure_scaling(calls: list[_Call], device: torch.device, *,
     # a slow phase only ever adds time
     return BatchScaling(batch=batch, factor=factor, module=name, calls_per_step=calls_per_step,
                         small_s=min(times[batch]), large_s=min(times[batch * factor]),
-                        bf16_s=min(times["bf16"]))
+                        bf16_s=min(times["bf16"]), beside_busy_s=_beside_busy(run[batch], device))
+
+
+BUSY_S = 0.3  # the replay beside a busy process: at least this long, the mean kept
+
+
+def _beside_busy(fn, device: torch.device) -> float | None:
+    """Mean seconds per replay at batch B while one forked process spins beside it, over at
+    least BUSY_S: a thread that loses its core stalls the others for whole scheduler ticks,
+    now and then, and a training run pays the mean, stalls included (seen on a 2-vCPU VM: the
+    median of 50 ms windows ranged 1.3-72 ms for a 0.6 ms replay). None on CUDA (the GPU does
+    the arithmetic), with one core, or without os.fork."""
+    import os
+
+    from looptune.diagnose.env import busy_processes
+
+    if device.type != "cpu" or (os.cpu_count() or 1) < 2 or not hasattr(os, "fork"):
+        return None
+    with busy_processes(1, seconds=BUDGET_S + BUSY_S + 1.0):
+        fn()  # the first call after the fork: the other process takes its core now
+        n, t0 = 0, time.perf_counter()
+        while n < 3 or time.perf_counter() - t0 < BUSY_S:
+            fn()
+            n += 1
+        return (time.perf_counter() - t0) / n
 
 
 def _replayer(model: torch.nn.Module, args: tuple, kwargs: dict, device: torch.device,
@@ -183,7 +211,7 @@ def _replayer(model: torch.nn.Module, args: tuple, kwargs: dict, device: torch.d
     def once() -> None:
         for p in model.parameters():
             p.grad = None
-        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16), _math_sdpa(bf16):
+        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16), math_sdpa(bf16):
             out = model(*args, **kwargs)
         loss = _scalar(out)
         if loss is None:
@@ -192,7 +220,7 @@ def _replayer(model: torch.nn.Module, args: tuple, kwargs: dict, device: torch.d
     return once
 
 
-def _math_sdpa(on: bool):
+def math_sdpa(on: bool):
     """bf16 as the remedy applies it: scaled_dot_product_attention pinned to its math kernel (the
     CPU flash kernel's bf16 backward is slow); no effect on a model without attention."""
     import contextlib

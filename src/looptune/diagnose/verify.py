@@ -5,7 +5,8 @@ What can be applied to an unmodified script from outside:
 * ``loader``: ``DataLoader(num_workers=..., ...)`` - every DataLoader is built with those settings;
 * ``batch``: ``batch_size B -> kB`` - every DataLoader gets ``batch_size=kB``; compared per
   sample (a step then carries k times the samples);
-* ``precision``: bf16 autocast - the whole script runs under ``torch.autocast(dtype=bfloat16)``.
+* ``precision``: bf16 autocast - the whole script runs under ``torch.autocast(dtype=bfloat16)``
+  (and ``sdpa_kernel(SDPBackend.MATH)`` when the remedy says so).
 
 The top remedy is rerun when it is one of these; otherwise the highest-ranked one that is, and the
 result says so. A measured gain below ``SHORT`` x its bound is reported as falling short, and
@@ -37,15 +38,17 @@ def parse_loader_action(action: str) -> dict[str, Any]:
     return {kw.arg: ast.literal_eval(kw.value) for kw in call.keywords if kw.arg}
 
 
-def _how(remedy: Remedy, batch: int | None) -> tuple[dict[str, Any] | None, bool] | None:
-    """(DataLoader overrides, bf16 autocast) that apply ``remedy``; None: not from outside."""
+def _how(remedy: Remedy, batch: int | None) -> tuple[dict[str, Any] | None, str | None] | None:
+    """(DataLoader overrides, autocast) that apply ``remedy``; None: not from outside. autocast:
+    ``"bf16"``, or ``"bf16+math-sdpa"`` when the remedy pins scaled_dot_product_attention's math
+    kernel too (as its bound was measured: the CPU flash kernel's bf16 backward is slow)."""
     if remedy.kind == "loader" and remedy.action.startswith("DataLoader("):
-        return parse_loader_action(remedy.action), False
+        return parse_loader_action(remedy.action), None
     if remedy.kind == "batch" and batch and remedy.action.startswith(f"batch_size {batch} -> "):
         new = int(remedy.action.split("->", 1)[1].split()[0])
-        return {"batch_size": new}, False
+        return {"batch_size": new}, None
     if remedy.kind == "precision" and remedy.action.startswith("bf16"):
-        return None, True
+        return None, "bf16+math-sdpa" if "SDPBackend.MATH" in remedy.action else "bf16"
     return None
 
 
@@ -64,7 +67,7 @@ def verify_remedy(verdict: Verdict, before: Any, steps: int,
     remedy, (overrides, autocast) = chosen
     out: dict[str, Any] = {
         "remedy": remedy.action, "kind": remedy.kind, "overrides": overrides,
-        "autocast": "bf16" if autocast else None, "before_step_ms": verdict.step_ms,
+        "autocast": autocast, "before_step_ms": verdict.step_ms,
         "expected_speedup": remedy.expected_speedup, "top": remedy is verdict.remedies[0]}
     if not out["top"]:
         out["note"] = (f"the top remedy ({verdict.remedies[0].action}) cannot be applied from "

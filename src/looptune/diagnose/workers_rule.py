@@ -1,10 +1,18 @@
 """How many DataLoader workers, and what they gain: K workers overlap loading with the step.
 
-The step becomes ``max(data wait / K, rest x slow, all CPU work / cores delivered)``: on a CPU the
-step's own threads lose the cores the busy workers take (``slow`` = threads / cores left), and
-all of it together can go no faster than the cores the machine really delivers to that many busy
-processes (:func:`looptune.diagnose.env.cpu_capacity`, measured after the script: on a VM whose
-host lends its vCPUs to neighbours, fewer than ``os.cpu_count()``).
+The step becomes ``max(read / K, (rest + take) x slow, all CPU work / cores delivered)``:
+
+* ``read``: the time one worker needs per batch, and ``take``: the main process's cost to take
+  a ready batch from it (unpickling, the shared-memory hand-over: paid in the step's data wait,
+  so never part of ``rest``), both measured after the script by a one-worker copy of the
+  training loader (:mod:`looptune.diagnose.worker_read`); without it, the main process's own
+  data wait and 0, and the reason says so;
+* ``slow``: what a busy worker's core costs the step's own threads, measured by replaying the
+  step's model beside one busy process (:mod:`looptune.diagnose.scaling`); without a replay,
+  threads / cores left;
+* all of it together can go no faster than the cores the machine really delivers to that many
+  busy processes (:func:`looptune.diagnose.env.cpu_capacity`, measured after the script: on a
+  VM whose host lends its vCPUs to neighbours, fewer than ``os.cpu_count()``).
 """
 
 from __future__ import annotations
@@ -40,34 +48,85 @@ def workers_remedy(m: Measurements, p: _Profile, s: float) -> list[Remedy]:
                        reason=reason, kind="loader")]
     t = m.env.threads or n  # the step's intra-op threads
 
+    bs = m.batch_scaling  # the model's replay beside one busy process: a worker's cost, measured
+    crowded = (max(1.0, bs.beside_busy_s / bs.small_s) if bs is not None and bs.measured
+               and bs.beside_busy_s and not p.on_cuda else None)
+
     def slow(k: int) -> float:  # the GPU does a CUDA step's arithmetic: its host threads idle
-        return 1.0 if p.on_cuda else t / max(min(t, n - k), 1)
+        if p.on_cuda:
+            return 1.0
+        model = t / max(min(t, n - k), 1)  # the step's threads share the cores left
+        if crowded is None:
+            return model
+        return crowded if k == 1 else max(model, crowded)  # more workers leave no more room
 
     c = m.env.cpu_capacity if m.env.cpu_capacity and not p.on_cuda else None
-    shared = (data + rest) / c if c else 0.0  # all the CPU work, on the cores really delivered
+    wr = m.worker_read
+    read, take = (wr.batch_s, wr.receive_s) if wr is not None and wr.measured else (data, 0.0)
+
+    # the script has workers: reading in the main process instead is a candidate too (measured)
+    main = wr.main_s if w > 0 and wr is not None and wr.measured and wr.main_s else None
+    # the rest was measured beside the script's own workers, busy read / step of the time: alone
+    # it is shorter (each candidate below slows it again by its own workers)
+    busy = min(1.0, read / p.step_s) if w > 0 else 0.0
+    measured_rest, rest = rest, rest / (1 + (slow(w) - 1) * busy)
+    shared = (read + take + rest) / c if c else 0.0  # all the CPU work, on the cores delivered
 
     def took(j: int) -> float:
-        return max(data / j, rest * slow(j), shared)
+        if j == 0:
+            return main + rest  # type: ignore[operator] - only a candidate when measured
+        return max(read / j, (rest + take) * slow(j), shared)
 
-    k = max(range(1, min(n - 1, MAX_WORKERS) + 1), key=lambda j: (p.step_s / took(j), -j))
+    counts = ([0] if main is not None else []) + list(range(1, min(n - 1, MAX_WORKERS) + 1))
+    k = max(counts, key=lambda j: (p.step_s / took(j), -j))
     if w == k:
         return []
     bound = p.step_s / took(k)
-    cap = (f", (data + rest) / {c:.2g} = {shared * 1e3:.2f}" if c else "")
-    why = (f"max(data wait / {k}, rest x {slow(k):.2g}{', all / cores delivered' if c else ''})"
-           f" = max({data * 1e3:.2f} / {k}, {rest * slow(k) * 1e3:.2f}{cap}) ms"
+    if k == 0:
+        best = max(counts[1:], key=lambda j: (p.step_s / took(j), -j), default=None)
+        other = "" if best is None else (
+            f"; {best} worker(s) would take {took(best) * 1e3:.2f} ms by the same model (one reads "
+            f"a batch in {read * 1e3:.2f} ms, {take * 1e3:.3f} ms to take it, the step slowed "
+            f"{slow(best):.2g}x beside it)")
+        return [Remedy(action=_loader_action(0, p.on_cuda), kind="loader",
+                       expected_speedup=round(min(bound, 100), 2), reason=(
+            f"num_workers={w} on {n} cores: the main process reads a batch in {main * 1e3:.2f} ms "
+            f"(measured alone after the script), so without workers the step takes "
+            f"{main * 1e3:.2f} + {rest * 1e3:.2f} ms of the rest = {took(0) * 1e3:.2f} ms against "
+            f"{p.step_s * 1e3:.2f} ms now (the rest took {measured_rest * 1e3:.2f} ms beside "
+            f"{w} worker(s) busy {busy:.0%} of the time; {slow(w):.2g}x slower beside busy ones)"
+            f"{other}"))]
+    cap = (f", (read + take + rest) / {c:.2g} = {shared * 1e3:.2f}" if c else "")
+    why = (f"max(read / {k}, (rest + take) x {slow(k):.2g}"
+           f"{', all / cores delivered' if c else ''}) = max({read * 1e3:.2f} / {k}, "
+           f"{(rest + take) * slow(k) * 1e3:.2f}{cap}) ms, {_read_evidence(wr, data)}"
            + ("" if p.on_cuda else (
-               f": the step's {t} thread(s) keep {max(min(t, n - k), 1)} of {n} cores beside {k} "
-               "busy worker(s)" + (f"; this machine delivered {c:.2g} of {n} cores to {n} busy "
-                                   "processes (measured after the script)" if c else "")
-               + "; process hand-over and spinning threads are not modelled, --verify "
-               "measures it")))
+               f"; slow = {slow(k):.2g}: " + (
+                   f"the step's model ({bs.module}) replayed beside one busy process took "
+                   f"{crowded:.2f}x as long as alone" + (
+                       "" if k == 1 else f", at least the {t} thread(s) sharing {n - k} core(s)")
+                   if crowded is not None else
+                   f"the step's {t} thread(s) keep {max(min(t, n - k), 1)} of {n} cores beside "
+                   f"{k} busy worker(s) (not measured: no replay of the model)")
+               + (f"; this machine delivered {c:.2g} of {n} cores to {n} busy processes "
+                  "(measured after the script)" if c else ""))))
     head = (f"num_workers={w} on {n} cores: workers and the step compete for the CPU; {k} "
             "worker(s) leave cores to the step" if w > k else
             f"data wait is {s:.1%} of the step with num_workers={w}; {k} worker(s) overlap "
             "loading with the step")
     return [Remedy(action=_loader_action(k, p.on_cuda), expected_speedup=round(min(bound, 100), 2),
                    reason=f"{head}, which then takes {why}", kind="loader")]
+
+
+def _read_evidence(wr, data: float) -> str:
+    """Where ``read`` and ``take`` came from."""
+    if wr is not None and wr.measured:
+        return (f"read = {wr.batch_s * 1e3:.2f} ms per batch from one worker and take = "
+                f"{wr.receive_s * 1e3:.3f} ms (one worker read {wr.batches} batches of this "
+                f"loader after the script; the main process's data wait was {data * 1e3:.2f} ms)")
+    why = wr.note if wr is not None and wr.note else "not measured"
+    return (f"read = the main process's data wait, take = 0 (one worker's rate: {why}; "
+            "a worker also pickles each batch, so this may promise too much)")
 
 
 def _loader_action(workers: int, on_cuda: bool) -> str:

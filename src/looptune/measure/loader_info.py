@@ -10,7 +10,7 @@ from torch.utils.data import DataLoader
 
 from looptune.diagnose.model import LoaderInfo
 
-__all__ = ["batches_per_pass", "loader_info"]
+__all__ = ["batches_per_pass", "loader_info", "loader_parts"]
 
 
 def batches_per_pass(loader: Any) -> int:
@@ -31,6 +31,17 @@ def loader_info(loader: DataLoader) -> LoaderInfo:
                       persistent_workers=bool(loader.persistent_workers),
                       dataset=type(_user_dataset(loader)).__name__, batch_bytes=batch_bytes,
                       random_per_sample=random)
+
+
+def loader_parts(loader: DataLoader) -> dict[str, Any]:
+    """What a one-worker copy of ``loader`` needs (recorded when the script iterates it; not the
+    loader itself, whose persistent workers must not outlive the script)."""
+    return {"dataset": loader.dataset, "batch_size": loader.batch_size,
+            "num_workers": loader.num_workers,
+            "batch_sampler": loader.batch_sampler, "sampler": loader.sampler,
+            "drop_last": loader.drop_last, "collate_fn": loader.collate_fn,
+            "worker_init_fn": loader.worker_init_fn,
+            "multiprocessing_context": loader.multiprocessing_context}
 
 
 def _user_dataset(loader: DataLoader) -> object:

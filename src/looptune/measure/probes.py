@@ -33,7 +33,7 @@ from torch.utils.data import DataLoader
 from torch.utils.data.dataloader import _BaseDataLoaderIter
 
 from looptune.diagnose.model import LoaderInfo, StepSample
-from looptune.measure.loader_info import batches_per_pass, loader_info
+from looptune.measure.loader_info import batches_per_pass, loader_info, loader_parts
 
 __all__ = ["StepProbes", "StopScript"]
 
@@ -69,6 +69,8 @@ class StepProbes:
         self.samples: list[StepSample] = []
         self.loaders: dict[int, LoaderInfo] = {}
         self.batches: dict[int, int] = {}  # batches drawn per loader: the training loader leads
+        # per loader: what a one-worker copy of it needs (diagnose/worker_read.py), not the loader
+        self.loader_parts: dict[int, dict[str, Any]] = {}
         self.steps = 0
         self.drawn = 0  # batches drawn from any DataLoader by the training thread
         # the thread that trains and the optimizer whose step ends a step: waits on other threads
@@ -215,7 +217,7 @@ class StepProbes:
         probes = self
 
         def __next__(it):
-            if threading.get_ident() != probes._thread:
+            if threading.get_ident() != probes._thread or probes.paused:
                 return original(it)  # a background thread's loading is not the step's wait
             t0 = time.perf_counter()
             outer, probes._in_data = probes._in_data, True  # loading is data wait, not syncs
@@ -234,8 +236,11 @@ class StepProbes:
         """Note ``loader``'s settings and one pass of batches (done on every ``iter(loader)``;
         callable directly for a loader whose iterator was made before the probes went on, as
         a framework does before its training hooks run)."""
+        if self.paused:  # looptune's own loader (diagnose/worker_read.py)
+            return
         if id(loader) not in self.loaders:
             self.loaders[id(loader)] = loader_info(loader)
+            self.loader_parts[id(loader)] = loader_parts(loader)
         self.batches.setdefault(id(loader), 0)
         self.batches[id(loader)] += batches_per_pass(loader)
 
