@@ -112,6 +112,19 @@ def test_the_workers_bound_comes_from_one_worker_read_and_holds_when_rerun(monke
 
 
 @pytest.mark.integration
+def test_verify_reruns_the_pre_decode_remedy_and_its_bound_holds():
+    # ~4 ms of per-sample Python per batch beside a tiny step: pre-decoding removes nearly all
+    # of it; the bound comes from a pre-decoded loader of the same batch bytes, timed
+    d = run("slow_getitem.py", "--samples", "6000", steps=20, verify=True)
+    top = d.remedies[0]
+    assert top.kind == "tensorized" and "gathered a batch in" in top.reason, d.remedies
+    v = d.verify
+    assert v["kind"] == "tensorized" and v["applied"] and v["top"], v
+    assert v["speedup"] >= SHORT * v["expected_speedup"], v
+    assert top.measured_speedup == round(v["speedup"], 2)
+
+
+@pytest.mark.integration
 def test_a_worker_slower_than_the_main_process_is_not_promised():
     # slow_getitem: ~0.3 ms of Python per sample and almost no step; one worker reads its batches
     # no faster than the main process (plus pickling: 5.5-6.0 vs 4.2 ms per batch here), so the

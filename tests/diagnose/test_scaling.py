@@ -191,8 +191,8 @@ def test_verify_reruns_a_batch_remedy_and_compares_per_sample():
 
 
 def test_verify_applies_bf16_and_says_when_the_top_remedy_cannot_be_applied():
-    tensorized = Remedy(action="pre-decode the dataset", expected_speedup=2.0, reason="r",
-                        kind="tensorized")
+    compiled = Remedy(action="torch.compile the forward and the loss as one function",
+                      expected_speedup=2.0, reason="r", kind="compile")
     bf16 = Remedy(action="bf16 autocast: torch.autocast('cpu', dtype=torch.bfloat16)",
                   expected_speedup=1.3, reason="r", kind="precision")
 
@@ -201,12 +201,42 @@ def test_verify_applies_bf16_and_says_when_the_top_remedy_cannot_be_applied():
         return SimpleNamespace(measurements=SimpleNamespace(loaders=[]), step_s=[0.008] * 5,
                                error=None, stopped="steps")
 
-    out = verify_remedy(_verdict(tensorized, bf16), _before(), 5, rerun)
+    out = verify_remedy(_verdict(compiled, bf16), _before(), 5, rerun)
     assert out["autocast"] == "bf16" and out["speedup"] == pytest.approx(1.25)
     assert not out["top"] and "cannot be applied from outside" in out["note"]
     assert "short" not in out and 1.25 >= SHORT * 1.3
-    nothing = verify_remedy(_verdict(tensorized), _before(), 5, rerun)
-    assert nothing["remedy"] is None and "tensorized" in nothing["reason"]
+    nothing = verify_remedy(_verdict(compiled), _before(), 5, rerun)
+    assert nothing["remedy"] is None and "this diagnosis has compile" in nothing["reason"]
+
+
+def test_verify_pre_decodes_a_small_dataset_and_skips_one_too_slow_to_read_once():
+    pre = Remedy(action="pre-decode the dataset into a tensor and gather batches by index",
+                 expected_speedup=3.0, reason="r", kind="tensorized")
+    workers = Remedy(action="DataLoader(num_workers=1, persistent_workers=True)",
+                     expected_speedup=1.3, reason="r", kind="loader")
+    seen = []
+
+    def rerun(*, loader_overrides, autocast):
+        seen.append(loader_overrides)
+        info = SimpleNamespace(dataset="PreDecoded", num_workers=1, persistent_workers=True)
+        return SimpleNamespace(measurements=SimpleNamespace(loaders=[info]), step_s=[0.004] * 5,
+                               error=None, stopped="steps")
+
+    verdict = Verdict(bottleneck="data_loading", shares={}, step_ms=10.0,
+                      phase_ms={"data_wait": 8.0}, evidence={}, findings=[],
+                      remedies=[pre, workers])
+    # 8 ms per batch of 64: 60,000 samples read once in ~7.5 s, within the budget
+    small = SimpleNamespace(measurements=SimpleNamespace(loaders=[SimpleNamespace(
+        batch_size=64, samples=60_000)]), step_s=[0.01] * 5)
+    out = verify_remedy(verdict, small, 5, rerun)
+    assert seen[-1] == {"looptune_predecode": True} and out["kind"] == "tensorized"
+    assert out["applied"] and out["speedup"] == pytest.approx(2.5)
+    # 1,000,000 samples: ~125 s, too long: the next remedy that can be applied is rerun
+    big = SimpleNamespace(measurements=SimpleNamespace(loaders=[SimpleNamespace(
+        batch_size=64, samples=1_000_000)]), step_s=[0.01] * 5)
+    out = verify_remedy(verdict, big, 5, rerun)
+    assert out["kind"] == "loader" and not out["top"]
+    assert "reading its 1000000 samples once would take ~125 s (more than 20 s" in out["note"]
 
 
 def test_verify_pins_the_math_attention_kernel_when_the_bf16_remedy_does():

@@ -424,6 +424,17 @@ def test_too_many_workers_get_the_main_process_read_as_a_measured_candidate():
     assert all(r.action != "DataLoader(num_workers=0)" for r in v.remedies)
 
 
+def test_the_pre_decode_bound_keeps_the_measured_gather():
+    steps = _steps(step_s=0.010, data_wait_s=0.008)
+    measured = analyze(_m(steps, loaders=[_loader()], env=_cpu(cores=2), gather_s=0.0005))
+    (pre,) = _by_kind(measured, "tensorized")
+    # the 8 ms wait becomes the 0.5 ms gather: 10 / (2 + 0.5)
+    assert pre.expected_speedup == round(10 / 2.5, 2) == 4.0
+    assert "gathered a batch in 0.500 ms here (measured after the script)" in pre.reason
+    (guess,) = _by_kind(analyze(_m(steps, loaders=[_loader()], env=_cpu(cores=2))), "tensorized")
+    assert guess.expected_speedup == round(10 / (2 + 0.8), 2) and "not measured" in guess.reason
+
+
 def test_cpu_capacity_is_measured_within_one_and_the_core_count():
     import os
 

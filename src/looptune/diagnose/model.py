@@ -42,6 +42,7 @@ class LoaderInfo:
     batch_bytes: int | None = None  # bytes of one collated batch (tensors only), if seen
     # dataset[0] read twice gave different tensors: a random per-sample transform (augmentation)
     random_per_sample: bool | None = None
+    samples: int | None = None  # len(dataset); None for a stream
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -122,6 +123,9 @@ class Measurements:
     env: Environment | None = None
     batch_scaling: BatchScaling | None = None  # the model replayed at B and k x B
     worker_read: WorkerRead | None = None  # the training DataLoader read by one worker, measured
+    # seconds per batch from a DataLoader over a pre-decoded dataset of the same batch bytes and
+    # samples (diagnose/predecode.py): what the pre-decode remedy leaves of the data wait
+    gather_s: float | None = None
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -24,6 +24,7 @@ import torch
 from looptune.diagnose import env as env_probe
 from looptune.diagnose.collectives import RankWaits, launched_rank
 from looptune.diagnose.model import BatchScaling, Measurements, WorkerRead
+from looptune.diagnose.predecode import gather_seconds
 from looptune.diagnose.result import MAX_WARMUP_STEPS, Diagnosis
 from looptune.diagnose.scaling import math_sdpa, measure_scaling
 from looptune.diagnose.schedule import UNBOUNDED, Schedule
@@ -150,11 +151,23 @@ def _run_once(target, args, *, module, steps, warmup, seconds, trace_dir,
                    else None)
         # the training loader read by one worker, for the workers remedy (not in --verify reruns)
         read = (_worker_read(probes) if scale and probes.samples and probes.loaders else None)
+        gather = _gather_s(probes) if scale and probes.samples and probes.loaders else None
     seen = Seen(time.perf_counter() - t0, probes.drawn, len(probes.loaders), schedule.stopped,
                  exit_code)
     return _collect(schedule, probes, error=error, oom=oom, device=device, waits=waits.per_step,
                     threads=threads[0] if threads else None, seen=seen, scaling=scaling,
-                    worker_read=read)
+                    worker_read=read, gather_s=gather)
+
+
+def _gather_s(probes: StepProbes) -> float | None:
+    """A pre-decoded batch like the training loader's, gathered by index (predecode.py)."""
+    key = max(probes.loaders, key=lambda k: probes.batches[k])
+    info, parts = probes.loaders[key], probes.loader_parts.get(key) or {}
+    try:
+        samples = len(parts.get("dataset"))  # type: ignore[arg-type]
+    except TypeError:  # a stream: as many as a few batches
+        samples = None
+    return gather_seconds(info.batch_bytes, info.batch_size, samples)
 
 
 def _worker_read(probes: StepProbes) -> WorkerRead:
@@ -170,7 +183,7 @@ def _worker_read(probes: StepProbes) -> WorkerRead:
 def _collect(schedule: Schedule, probes: StepProbes, *, error, oom, device,
              waits: list[float] | None = None, threads: int | None = None,
              seen: Seen | None = None, scaling: BatchScaling | None = None,
-             worker_read: WorkerRead | None = None) -> _Run:
+             worker_read: WorkerRead | None = None, gather_s: float | None = None) -> _Run:
     samples = probes.samples
     if not samples and probes.gave_up:
         raise MeasurementError(
@@ -201,7 +214,7 @@ def _collect(schedule: Schedule, probes: StepProbes, *, error, oom, device,
         peak_mem_bytes=mem.peak_bytes, mem_limit_bytes=env_probe.memory_limit(device),
         alloc_retries=env_probe.alloc_retries(device), oom=oom,
         env=env_probe.environment(device, threads, capacity=bool(probes.loaders)),
-        batch_scaling=scaling, worker_read=worker_read)
+        batch_scaling=scaling, worker_read=worker_read, gather_s=gather_s)
     wait_s = None if waits is None or len(waits) != len(samples) else waits[window]
     before = samples[:window.start][-MAX_WARMUP_STEPS:]
     return _Run(measurements, schedule.stopped, error, [s.step_s for s in measured], mem.kind,
@@ -353,8 +366,9 @@ class watch:
         device = self._schedule.device
         scaling = measure_scaling(self._schedule.captured, device)  # the model at B and 4B
         read = _worker_read(self._probes) if self._probes.loaders else None
+        gather = _gather_s(self._probes) if self._probes.loaders else None
         run = _collect(self._schedule, self._probes, error=error, oom=False, device=device,
-                       scaling=scaling, worker_read=read)
+                       scaling=scaling, worker_read=read, gather_s=gather)
         self.diagnosis = _diagnosis(self.label, (), False, self.steps or UNBOUNDED, run,
                                     analyze(run.measurements), None)
         return stopped  # any other exception propagates, after the diagnosis was taken

@@ -19,6 +19,7 @@ from typing import Any
 
 import torch
 
+from looptune.diagnose.predecode import PREDECODE, predecoded
 from looptune.measure.probes import StopScript
 
 __all__ = ["Seen", "exit_status", "forked_children_exit_alone", "module_exists",
@@ -159,6 +160,8 @@ def _with_overrides(init: Any, args: tuple, kwargs: dict, overrides: dict[str, A
     bound.pop(next(iter(bound)))  # self
     named = {**bound.pop("kwargs", {}), **bound}  # a subclass's **kwargs
     overrides = dict(overrides)
+    if overrides.pop(PREDECODE, False):  # --verify of the pre-decode remedy
+        named = predecoded(named)
     if "batch_size" in overrides:
         size = overrides.pop("batch_size")
         sampler = named.get("batch_sampler")

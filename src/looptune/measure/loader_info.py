@@ -30,7 +30,14 @@ def loader_info(loader: DataLoader) -> LoaderInfo:
                       prefetch_factor=loader.prefetch_factor if workers > 0 else None,
                       persistent_workers=bool(loader.persistent_workers),
                       dataset=type(_user_dataset(loader)).__name__, batch_bytes=batch_bytes,
-                      random_per_sample=random)
+                      random_per_sample=random, samples=_samples(loader.dataset))
+
+
+def _samples(dataset: Any) -> int | None:
+    try:
+        return len(dataset)
+    except TypeError:  # a stream (IterableDataset) has no length
+        return None
 
 
 def loader_parts(loader: DataLoader) -> dict[str, Any]:

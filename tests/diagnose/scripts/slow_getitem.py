@@ -6,8 +6,11 @@ from torch.utils.data import DataLoader, Dataset
 
 
 class Slow(Dataset):
+    def __init__(self, samples=100_000):
+        self.samples = samples
+
     def __len__(self):
-        return 100_000
+        return self.samples
 
     def __getitem__(self, i):
         # per-sample decoding in Python: a fixed amount of work (not a wall-clock wait, which a
@@ -24,10 +27,11 @@ torch.set_num_threads(1)
 parser = argparse.ArgumentParser()
 parser.add_argument("--batch-size", type=int, default=32)
 parser.add_argument("--workers", type=int, default=0)
+parser.add_argument("--samples", type=int, default=100_000)
 args = parser.parse_args()
 model = torch.nn.Linear(32, 2)
 opt = torch.optim.SGD(model.parameters(), lr=0.01)
-for x, y in DataLoader(Slow(), batch_size=args.batch_size, num_workers=args.workers):
+for x, y in DataLoader(Slow(args.samples), batch_size=args.batch_size, num_workers=args.workers):
     opt.zero_grad()
     torch.nn.functional.cross_entropy(model(x), y).backward()
     opt.step()
