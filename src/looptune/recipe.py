@@ -49,6 +49,7 @@ Decode = Literal["per_sample", "tensorized"]
 # converted and normalized on the device per step. once: normalized to float32 once at setup
 # (4x the memory), each batch gathered ready to use: no per-step conversion (not with augmentation).
 Normalize = Literal["batch", "once"]
+Store = Literal["float32", "autocast"]
 # When the step's loss is read on the host. step: loss.item() every step (the reference; a device
 # sync per step on CUDA). epoch: summed on the device, read once per epoch.
 LossSync = Literal["step", "epoch"]
@@ -93,11 +94,18 @@ class LoaderConfig:
     drop_last: bool = False  # the reference keeps the last partial batch (60000 = 937 x 64 + 32)
     timeout_s: float = 0.0  # workers: end the run when a batch takes longer (0 = wait forever)
     normalize: Normalize = "batch"  # device strategy: per batch from uint8, or once at setup
+    # normalize='once': keep the dataset in float32, or in the step's autocast dtype when the
+    # model's forward is bit-identical that way (checked at setup; data/store.py)
+    store: Store = "float32"
 
     def problems(self) -> list[str]:
         """Every invalid field, as a message with the received value, what is allowed and the fix."""
         out = _literal_problems(self, {"strategy": Strategy, "decode": Decode,
-                                      "normalize": Normalize})
+                                      "normalize": Normalize, "store": Store})
+        if self.store == "autocast" and self.normalize != "once":
+            out.append(f"store='autocast' needs normalize='once' (got normalize="
+                       f"{self.normalize!r}): only a dataset normalized once is kept in float. "
+                       "Use normalize='once' with strategy='device', or store='float32'.")
         if self.normalize == "once" and self.strategy != "device":
             out.append(f"normalize='once' needs strategy='device' (got strategy="
                        f"{self.strategy!r}): it keeps the whole normalized dataset on the device. "

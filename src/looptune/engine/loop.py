@@ -19,10 +19,12 @@ import torch
 
 from looptune.data.faults import WORKER_GONE
 from looptune.data.loaders import BatchSource
+from looptune.data.store import store_in_autocast_dtype
 from looptune.dist import ddp
 from looptune.dist.context import DistContext
 from looptune.dist.results import combine_ranks
 from looptune.engine import checkpoint as ckpt
+from looptune.engine.evals import DeferredEvals
 from looptune.engine.optim import build_optimizer, optimizer_kind
 from looptune.engine.run_state import (
     CheckpointWriteError,
@@ -93,6 +95,7 @@ def train(*, model: torch.nn.Module, source: BatchSource, recipe: Recipe, loss_f
             run.state.epoch = epoch
             run.train_epoch(epoch)
         run.stepper.check_skips()
+    run.score_pending()  # the evaluation points kept during training (engine/evals.py)
     return combine_ranks(run.result(setup_s=setup_s, decisions=decisions), run.ctx)
 
 
@@ -118,7 +121,11 @@ class _Run:
         self.stepper = Stepper(model=model, optimizer=self.optimizer, scheduler=self.scheduler,
                                loss_fn=loss_fn, cfg=recipe.step, device=device)
         self.state, self.memory, self.clock = RunState(), PeakMemory(device), Stopwatch(device)
+        self.deferred = DeferredEvals(self.module)
         self.report_every = max(1, len(source) // 50)
+        if recipe.loader.store == "autocast":  # before any step: the batches' dtype is fixed
+            self.decisions.append(store_in_autocast_dtype(source, self.module,
+                                                          recipe.step.precision, device))
         if options.resume:
             self._resume()
         model.train()
@@ -214,7 +221,8 @@ class _Run:
         state.epoch_s.append(epoch_s)
         state.epoch_loss.append(mean_loss)
         state.epoch, state.position, state.epoch_partial_s = epoch + 1, 0, 0.0
-        already = bool(state.evals) and state.evals[-1]["batches"] == state.global_batches
+        points = state.evals + [entry for entry, _ in self.deferred.pending]
+        already = bool(points) and points[-1]["batches"] == state.global_batches
         if self.options.evaluates and not already:
             self._evaluate()
         if self.progress is not None:
@@ -224,19 +232,33 @@ class _Run:
     def _evaluate(self) -> None:
         if self.evaluate is None:
             return
-        state, t0 = self.state, time.perf_counter()
+        state = self.state
+        entry = {"epoch": state.epoch, "batches": state.global_batches,
+                 "train_s": self._train_s_now()}
+        if self.deferred.enabled:  # scored after training (engine/evals.py)
+            self.deferred.keep(self.module, entry)
+            return
+        t0 = time.perf_counter()
         value = self.evaluate(self.module)
         self.model.train()
-        spent = time.perf_counter() - t0
+        self._record_eval(entry, value, time.perf_counter() - t0)
+
+    def score_pending(self) -> None:
+        """Score the evaluation points kept so far (after training, before a checkpoint)."""
+        if self.evaluate is not None:
+            for entry, value, spent in self.deferred.score(self.module, self.evaluate):
+                self._record_eval(entry, value, spent)
+
+    def _record_eval(self, entry: dict, value: float, spent: float) -> None:
+        state = self.state
         state.eval_s += spent
         metric, target = self.options.metric, self.options.target
-        entry = {"epoch": state.epoch, "batches": state.global_batches,
-                 "train_s": self._train_s_now(), "metric": value, "eval_s": spent}
+        entry = {**entry, "metric": value, "eval_s": spent}
         if metric.name == "accuracy":
             entry["accuracy"] = value  # the key older results and reports read
         state.evals.append(entry)
         if target is not None and state.time_to_target_s is None and metric.reached(value, target):
-            state.time_to_target_s = self._train_s_now()
+            state.time_to_target_s = entry["train_s"]
 
     def _train_s_now(self) -> float:
         return self.state.train_s - self.stepper.stats.compile_s
@@ -263,6 +285,7 @@ class _Run:
         folder = self.options.checkpoint_dir
         if folder is None:
             return
+        self.score_pending()  # a resumed run continues from scored points
         if agreed and self.ctx.world_size > 1:  # every rank is here (same step): share the losses
             self._average_partial_losses()
         if not self.ctx.is_main:  # weights and optimizer state are identical on every rank
