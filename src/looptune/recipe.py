@@ -242,6 +242,10 @@ class Recipe:
     def problems(self) -> list[str]:
         out = (self.loader.problems() + self.step.problems() + self.optim.problems()
                + self.schedule.problems() + _literal_problems(self, {"loss_sync": LossSync}))
+        if self.loader.store == "autocast" and self.step.precision not in ("bf16", "fp16"):
+            out.append(f"loader.store='autocast' needs step.precision bf16 or fp16 (got "
+                       f"{self.step.precision!r}): in fp32 there is no autocast dtype to keep the "
+                       "dataset in. Set step.precision=bf16, or loader.store=float32.")
         if self.cpu_threads is not None and (not _is_int(self.cpu_threads) or self.cpu_threads < 1):
             out.append(f"cpu_threads={self.cpu_threads!r} is invalid: an integer >= 1, or None "
                        "for torch's default.")

@@ -58,10 +58,15 @@ def test_a_model_that_scales_its_input_first_keeps_float32(make_image_data):
     assert store_in_autocast_dtype(per_batch, _mlp(), "bf16", CPU).value == "float32"
 
 
-def test_store_autocast_needs_normalize_once():
+def test_store_autocast_needs_normalize_once_and_an_autocast_precision():
     problems = dataclasses.replace(ONCE, normalize="batch", store="autocast").problems()
     assert any("store='autocast' needs normalize='once'" in p for p in problems)
     assert any("allowed values" in p for p in dataclasses.replace(ONCE, store="half").problems())
+    fp32 = Recipe(name="r", loader=dataclasses.replace(ONCE, store="autocast"))
+    (problem,) = fp32.problems()
+    assert "loader.store='autocast' needs step.precision bf16 or fp16 (got 'fp32')" in problem
+    assert "Set step.precision=bf16, or loader.store=float32" in problem
+    assert not dataclasses.replace(fp32, step=StepConfig(precision="bf16")).problems()
 
 
 @pytest.mark.integration

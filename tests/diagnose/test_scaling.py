@@ -228,7 +228,14 @@ def test_verify_pre_decodes_a_small_dataset_and_skips_one_too_slow_to_read_once(
     # 8 ms per batch of 64: 60,000 samples read once in ~7.5 s, within the budget
     small = SimpleNamespace(measurements=SimpleNamespace(loaders=[SimpleNamespace(
         batch_size=64, samples=60_000)]), step_s=[0.01] * 5)
-    out = verify_remedy(verdict, small, 5, rerun)
+    from looptune.diagnose import predecode
+
+    def rerun_that_decodes(**kw):
+        predecode._cache[1] = (object(), object())  # a dataset the rerun pre-decoded
+        return rerun(**kw)
+
+    out = verify_remedy(verdict, small, 5, rerun_that_decodes)
+    assert not predecode._cache  # released once the rerun is over
     assert seen[-1] == {"looptune_predecode": True} and out["kind"] == "tensorized"
     assert out["applied"] and out["speedup"] == pytest.approx(2.5)
     # 1,000,000 samples: ~125 s, too long: the next remedy that can be applied is rerun

@@ -61,7 +61,13 @@ def gathered(batch: Any) -> Any:
 
 
 def reset() -> None:
+    """Before a rerun: no reasons, no copies."""
     refused.clear()
+    _cache.clear()
+
+
+def release() -> None:
+    """After a rerun: the pre-decoded copies (up to MAX_BYTES) go; the reasons stay."""
     _cache.clear()
 
 

@@ -159,9 +159,14 @@ def _run_once(target, args, *, module, steps, warmup, seconds, trace_dir,
                     worker_read=read, gather_s=gather)
 
 
+def _training_loader(probes: StepProbes) -> int:
+    """The key of the loader the script drew the most batches from (the training loader)."""
+    return max(probes.loaders, key=lambda k: probes.batches[k])
+
+
 def _gather_s(probes: StepProbes) -> float | None:
     """A pre-decoded batch like the training loader's, gathered by index (predecode.py)."""
-    key = max(probes.loaders, key=lambda k: probes.batches[k])
+    key = _training_loader(probes)
     info, parts = probes.loaders[key], probes.loader_parts.get(key) or {}
     try:
         samples = len(parts.get("dataset"))  # type: ignore[arg-type]
@@ -171,10 +176,9 @@ def _gather_s(probes: StepProbes) -> float | None:
 
 
 def _worker_read(probes: StepProbes) -> WorkerRead:
-    """The loader the script drew the most batches from (the training loader), read by one
-    worker (and by the main process alone, when the script used workers)."""
-    key = max(probes.loaders, key=lambda k: probes.batches[k])
-    parts = probes.loader_parts.get(key)
+    """The training loader read by one worker (and by the main process alone, when the script
+    used workers)."""
+    parts = probes.loader_parts.get(_training_loader(probes))
     return measure_worker_read(parts, in_process=bool(parts and parts["num_workers"] > 0))
 
 

@@ -97,6 +97,8 @@ def verify_remedy(verdict: Verdict, before: Any, steps: int,
         after = rerun(loader_overrides=overrides, autocast=autocast)
     except MeasurementError as err:  # the rerun never reached a step: keep the first diagnosis
         return {**out, "after_step_ms": None, "speedup": None, "error": str(err)}
+    finally:
+        predecode.release()  # the rerun is over: its pre-decoded datasets are not kept
     if remedy.kind == "tensorized":
         applied = any(info.dataset == "PreDecoded" for info in after.measurements.loaders)
     else:

@@ -285,7 +285,8 @@ class _Run:
         folder = self.options.checkpoint_dir
         if folder is None:
             return
-        self.score_pending()  # a resumed run continues from scored points
+        if agreed or self.ctx.world_size == 1:  # scoring is collective with several ranks
+            self.score_pending()  # a resumed run continues from scored points
         if agreed and self.ctx.world_size > 1:  # every rank is here (same step): share the losses
             self._average_partial_losses()
         if not self.ctx.is_main:  # weights and optimizer state are identical on every rank
