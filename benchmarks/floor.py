@@ -3,7 +3,8 @@
 The floor of an epoch: every FLOP-counted op of the step (matmuls, convolutions, attention)
 timed alone at the step's own shapes, plus the unavoidable memory traffic (the optimizer update
 reading and writing parameters, gradients and state once; the input batch read once) at a
-measured streaming rate, summed over the epoch's steps (looptune.measure.floor). Then ``fast``
+measured streaming rate, summed over the epoch's steps (looptune.measure.floor); under bf16/fp16
+autocast each op at the faster of its recorded dtype and float32. Then ``fast``
 and the workload's baseline train one epoch each; ``--repeats`` rounds of (floor, the two
 epochs), the median of the rounds' ratios reported (each ratio from measurements seconds apart).
 
@@ -144,13 +145,15 @@ def _workload_row(name: str, args: argparse.Namespace, device: torch.device) -> 
           f"({len(rounds)} round(s): floor, then an epoch of each recipe)")
     print(f"  floor per step: {floor_step['flops'] / 1e6:.1f} MFLOP in "
           f"{floor_step['arithmetic_s'] * 1e6:.0f} us ({floor_step['gflops']:.1f} GFLOP/s at the "
-          f"step's shapes, fastest of {'/'.join(map(str, floor_step['threads']))} threads per op)"
+          f"step's shapes, fastest of {'/'.join(map(str, floor_step['threads']))} threads per op"
+          f"{' and of bf16/fp32' if fast.step.precision != 'fp32' else ''})"
           f" + {floor_step['memory_bytes'] / 1e6:.2f} MB at "
           f"{floor_step['stream_bytes_per_s'] / 1e9:.1f} GB/s ({floor_step['memory_s'] * 1e6:.0f}"
           f" us) = {floor_step['step_s'] * 1e6:.0f} us")
     for op in floor_step["ops"][:6]:
         print(f"    {op['op']:<22} {op['shapes']:<30} x{op['calls']} {op['seconds'] * 1e6:7.1f} us "
-              f"{op['gflops']:6.1f} GFLOP/s ({op['threads']} thread{'s' if op['threads'] > 1 else ''})")
+              f"{op['gflops']:6.1f} GFLOP/s ({op['threads']} thread{'s' if op['threads'] > 1 else ''}"
+              f"{', ' + op['dtype'] if op.get('dtype') else ''})")
     for i, r in enumerate(rounds):
         print(f"  round {i + 1}: floor {r['floor_s']:.3f} s, fast {r['fast_s']:.3f} s/epoch "
               f"({r['fast_s'] / r['floor_s']:.2f}x the floor), {baseline_name} "

@@ -5,7 +5,11 @@
 * forward + backward: ``loss.backward()`` vs the engine's direct autograd call
   (``engine.step.direct_backward``);
 * the batch: a per-step gather of uint8 rows + normalization vs a gather of rows normalized
-  once (``loader.normalize='once'``).
+  once (``loader.normalize='once'``);
+* the whole step (forward, backward, update) through the engine's Stepper: autograd vs
+  ``step.backward='mlp'`` (engine/mlp.py), in fp32 (the same weights bit for bit) and in bf16
+  (autocast vs each layer in bf16 only where its matmuls measured faster; the input stored in
+  bf16, as ``loader.store='autocast'`` keeps it).
 
 Each pair runs interleaved, ``--rounds`` rounds of about ``--round-s`` seconds each; medians.
 
@@ -90,6 +94,26 @@ def _backward_pair():
     return {"fwd+bwd: loss.backward()": plain, "fwd+bwd: direct engine call": engine}
 
 
+def _mlp_pair(precision: str):
+    from looptune.engine.step import Stepper
+    from looptune.recipe import StepConfig
+
+    gen = torch.Generator().manual_seed(0)
+    dtype = torch.bfloat16 if precision == "bf16" else torch.float32
+    x, y = torch.randn(64, 1, 28, 28, generator=gen).to(dtype), torch.randint(0, 10, (64,))
+    out = {}
+    for backward in ("autograd", "mlp"):
+        torch.manual_seed(0)
+        model = SimpleFeedForwardNN()
+        opt, _ = build_optimizer(model.parameters(), OptimConfig(impl="direct"), device="cpu")
+        step = Stepper(model=model, optimizer=opt, scheduler=None, loss_fn=F.cross_entropy,
+                       cfg=StepConfig(precision=precision, backward=backward),
+                       device=torch.device("cpu"))
+        step.prepare(64, dtype)
+        out[f"step {precision}: backward={backward}"] = lambda step=step: step(x, y)
+    return out
+
+
 def _batch_pair():
     gen = torch.Generator().manual_seed(0)
     pixels = torch.randint(0, 256, (60000, 1, 28, 28), dtype=torch.uint8, generator=gen)
@@ -115,7 +139,8 @@ def main(argv: list[str] | None = None) -> int:
     rounds, round_s = (2, 0.02) if args.smoke else (args.rounds, args.round_s)
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads; medians of {rounds} "
           "interleaved rounds")
-    for pair in (_update_pair(), _backward_pair(), _batch_pair()):
+    for pair in (_update_pair(), _backward_pair(), _batch_pair(), _mlp_pair("fp32"),
+                 _mlp_pair("bf16")):
         (a, ta), (b, tb) = ab(pair, rounds, round_s).items()
         print(f"  {a:<34} {ta * 1e6:8.1f} us")
         print(f"  {b:<34} {tb * 1e6:8.1f} us   ({ta / tb:.2f}x)")

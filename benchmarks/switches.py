@@ -35,6 +35,8 @@ SWITCHES = [
     ("impl=fused", ["optim.impl=fused"], ("cpu", "cuda")),
     ("impl=direct", ["optim.impl=direct"], ("cpu", "cuda")),
     ("normalize=once", ["loader.normalize=once"], ("cpu", "cuda")),
+    ("backward=mlp", ["step.backward=mlp"], ("cpu", "cuda")),
+    ("backward=mlp+bf16", ["step.backward=mlp", "step.precision=bf16"], ("cpu", "cuda")),
     ("cpu_threads=1", ["cpu_threads=1"], ("cpu",)),
     ("compile=default", ["step.compile=default"], ("cpu", "cuda")),
     ("compile=reduce-overhead", ["step.compile=reduce-overhead"], ("cuda",)),

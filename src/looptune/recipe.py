@@ -18,6 +18,7 @@ from looptune.errors import ConfigError
 
 __all__ = [
     "Attention",
+    "Backward",
     "CompileMode",
     "Decision",
     "Decode",
@@ -55,6 +56,11 @@ Store = Literal["float32", "autocast"]
 LossSync = Literal["step", "epoch"]
 # Autocast compute dtype. fp16 needs a GradScaler (looptune adds one); bf16 does not.
 Precision = Literal["fp32", "bf16", "fp16"]
+# How gradients are computed. autograd: recorded and replayed by torch.autograd. mlp: a chain of
+# Linear/ReLU layers under cross-entropy, forward and backward written out (engine/mlp.py): the
+# same kernels without autograd's per-step graph, gradients written into buffers kept for the run;
+# under bf16, each layer in bf16 only where its matmuls measured faster that way.
+Backward = Literal["autograd", "mlp"]
 # torch.compile mode; "off" runs eagerly.
 CompileMode = Literal["off", "default", "reduce-overhead", "max-autotune"]
 # torch.nn.functional.scaled_dot_product_attention's kernel: "auto" = PyTorch's own choice
@@ -148,12 +154,19 @@ class StepConfig:
     cuda_graphs: bool = False  # capture the whole step once, replay it: no per-kernel launches
     channels_last: bool = False  # conv nets: NHWC weights and 4-D inputs (oneDNN's and cuDNN's fast layout)
     attention: Attention = "auto"  # the kernel behind F.scaled_dot_product_attention (sdpa_kernel)
+    backward: Backward = "autograd"  # "mlp": a Linear/ReLU chain's step written out (engine/mlp.py)
     max_consecutive_skips: int = 20  # fp16: stop after this many overflow-skipped steps in a row
     stop_on_nonfinite: bool = True  # stop at a NaN/inf loss, naming epoch, step and batch
 
     def problems(self) -> list[str]:
         out = _literal_problems(self, {"precision": Precision, "compile": CompileMode,
-                                      "attention": Attention})
+                                      "attention": Attention, "backward": Backward})
+        if self.backward == "mlp":
+            clash = {"precision='fp16'": self.precision == "fp16", "cuda_graphs=True":
+                     self.cuda_graphs, f"compile={self.compile!r}": self.compile != "off"}
+            out += [f"backward='mlp' with {what}: the hand-written step runs eagerly, in fp32 "
+                    "or bf16, without a GradScaler. Use backward='autograd' for it, or drop "
+                    f"{what.split('=')[0]}." for what, bad in clash.items() if bad]
         if not _is_int(self.accumulate) or self.accumulate < 1:
             out.append(f"accumulate={self.accumulate!r} is invalid: must be an integer >= 1 "
                        "(1 = an optimizer step per batch).")

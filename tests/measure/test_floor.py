@@ -70,3 +70,28 @@ def test_time_alone_keeps_the_fastest_round():
 
     seconds = time_alone(lambda: time.sleep(0.002), torch.device("cpu"), round_s=0.01, rounds=2)
     assert 0.002 <= seconds < 0.05
+
+
+def test_under_autocast_each_op_is_timed_in_its_dtype_and_in_float32_the_faster_kept(monkeypatch):
+    from looptune.measure import floor as floor_mod
+
+    timed = []
+
+    def fake_time(fn, device, **kw):  # bf16 "costs" 2, float32 1: the float32 variant must win
+        if fn.__defaults__ is None:  # the streaming kernel
+            return 1.0
+        _, args, _ = fn.__defaults__  # the op, its arguments, its keyword arguments
+        dtypes = {a.dtype for a in args if isinstance(a, torch.Tensor)}
+        timed.append(dtypes)
+        return 2.0 if torch.bfloat16 in dtypes else 1.0
+
+    monkeypatch.setattr(floor_mod, "time_alone", fake_time)
+    model, x, y = _mlp(), torch.randn(16, 784), torch.randint(0, 10, (16,))
+    bf16 = measure_floor(model, nn.functional.cross_entropy, x, y, threads=(1,),
+                         context=lambda: torch.autocast("cpu", dtype=torch.bfloat16))
+    assert {o.dtype for o in bf16.ops} == {"float32"} and all(o.seconds == 1.0 for o in bf16.ops)
+    assert sum(torch.bfloat16 in d for d in timed) == len(bf16.ops)  # each bf16 op timed too
+    timed.clear()
+    fp32 = measure_floor(model, nn.functional.cross_entropy, x, y, threads=(1,))
+    assert {o.dtype for o in fp32.ops} == {"float32"}
+    assert len(timed) == len(fp32.ops)  # an fp32 step's ops: one variant each, never bf16

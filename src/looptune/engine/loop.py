@@ -90,6 +90,9 @@ def train(*, model: torch.nn.Module, source: BatchSource, recipe: Recipe, loss_f
                dist or DistContext())
     decisions = list(decisions or []) + run.decisions
     with cpu_threads(recipe.cpu_threads), stop_signals(run.state):
+        images = getattr(source, "images", None)  # a device-resident dataset: its stored dtype
+        decisions += run.stepper.prepare(recipe.loader.batch_size, images.dtype if isinstance(
+            images, torch.Tensor) and images.is_floating_point() else torch.float32)
         run.memory.start()
         for epoch in range(run.state.epoch, options.epochs):
             run.state.epoch = epoch

@@ -15,9 +15,9 @@ from dataclasses import dataclass, field
 import torch
 
 from looptune.dist import ddp
-from looptune.engine import graphs
+from looptune.engine import graphs, mlp
 from looptune.errors import MeasurementError
-from looptune.recipe import CUDA_ONLY_ATTENTION, StepConfig
+from looptune.recipe import CUDA_ONLY_ATTENTION, Decision, StepConfig
 
 __all__ = ["StepStats", "Stepper", "attention_kernel", "autocast", "direct_backward"]
 
@@ -91,6 +91,31 @@ class Stepper:
         self._graph: graphs.GraphedStep | None = None
         self._backward = direct_backward() if (device.type == "cpu" and cfg.compile == "off"
                                                ) else torch.Tensor.backward
+        self._mlp: mlp.MLPStep | None = None
+        self._seed = torch.ones((), device=device) / cfg.accumulate  # d(loss / k) / d(loss)
+
+    def prepare(self, batch_size: int, input_dtype: torch.dtype) -> list[Decision]:
+        """Set up ``backward='mlp'`` for batches of ``batch_size`` arriving in ``input_dtype``
+        (off the clock: under bf16 it times each layer's matmuls both ways); the decisions say
+        what runs and why, or why autograd runs instead."""
+        if self.cfg.backward != "mlp":
+            return []
+        try:
+            layers = mlp.plan(self.model, self.loss_fn)
+        except mlp.Unsupported as why:
+            return [Decision("step.backward", "autograd", reason=(
+                f"backward='mlp' needs a chain of Linear/ReLU layers under cross-entropy: {why}; "
+                "stepped with autograd"))]
+        self._mlp = mlp.MLPStep(layers)
+        if self.cfg.precision != "bf16":
+            return [Decision("step.backward", "mlp", reason=(
+                f"{len(layers)} Linear layers under cross-entropy, forward and backward written "
+                "out in fp32 (the same kernels as autograd, no per-step graph)"))]
+        figures = mlp.choose_bf16(layers, batch_size, input_dtype)
+        return [Decision("step.backward", "mlp", reason=(
+            f"{len(layers)} Linear layers under cross-entropy, written out; each in bf16 only "
+            f"where its matmuls ran faster that way at batch {batch_size}, timed here: {figures}"
+        ))]
 
     def __call__(self, x: torch.Tensor, y: torch.Tensor, *, boundary: bool = False) -> torch.Tensor:
         if self.cfg.channels_last and isinstance(x, torch.Tensor) and x.dim() == 4:
@@ -104,6 +129,12 @@ class Stepper:
     def _micro_step(self, x: torch.Tensor, y: torch.Tensor, boundary: bool) -> torch.Tensor:
         k = self.cfg.accumulate
         steps_now = self._micro + 1 == k or boundary
+        if self._mlp is not None:
+            loss = self._mlp(x, y, self._seed, first=self._micro == 0)
+            self._micro += 1
+            if steps_now:
+                self._optimizer_step()
+            return loss
         # DDP: a micro-step that does not step keeps its gradients local (no all-reduce)
         with ddp.no_sync(self.model, skip=not steps_now):
             with autocast(self.device, self.cfg.precision), self._attention():
@@ -120,7 +151,8 @@ class Stepper:
             self.optimizer.step()
         else:
             self._scaled_step()
-        self.optimizer.zero_grad(set_to_none=True)  # None grads: no memset kernel per parameter
+        if self._mlp is None:  # backward='mlp' overwrites its gradient buffers: nothing to reset
+            self.optimizer.zero_grad(set_to_none=True)  # None grads: no memset per parameter
         if self.scheduler is not None:
             self.scheduler.step()
         self._micro = 0

@@ -49,8 +49,9 @@ class OpTime:
     shapes: str  # its tensor arguments' shapes, e.g. "[128] [64, 784] [784, 128]"
     calls: int  # how often one step calls it
     flops: float  # per call
-    seconds: float  # per call, alone (fastest round, at its fastest thread count)
+    seconds: float  # per call, alone (fastest round, at its fastest thread count and dtype)
     threads: int = 1  # the intra-op thread count that ran it fastest
+    dtype: str = ""  # the dtype that ran it fastest: as recorded, or float32 for a bf16/fp16 op
 
     @property
     def gflops(self) -> float:
@@ -88,7 +89,8 @@ class Floor:
                 "stream_bytes_per_s": self.stream_bytes_per_s, "memory_s": self.memory_s,
                 "step_s": self.step_s, "gflops": self.gflops,
                 "ops": [{"op": o.op, "shapes": o.shapes, "calls": o.calls, "flops": o.flops,
-                         "seconds": o.seconds, "threads": o.threads, "gflops": o.gflops}
+                         "seconds": o.seconds, "threads": o.threads, "dtype": o.dtype,
+                         "gflops": o.gflops}
                         for o in self.ops]}
 
 
@@ -122,6 +124,22 @@ def _signature(tree: Any) -> str:
         return t
 
     return repr(tree_map(one, tree))
+
+
+def _variants(args: Any, kwargs: Any) -> dict[str, tuple[Any, Any]]:
+    """The op's arguments as recorded and, for an op in bf16/fp16, in float32 too: a step under
+    autocast may run any op in float32 (more precise, and on a CPU a small matmul is often faster
+    that way), so its floor is the faster of the two."""
+    found: set[torch.dtype] = set()
+    tree_map(lambda t: found.add(t.dtype) if isinstance(t, torch.Tensor) else None, (args, kwargs))
+    low = found & {torch.bfloat16, torch.float16}
+    recorded = (min(low, key=str) if low else
+                next((d for d in sorted(found, key=str) if d.is_floating_point), torch.float32))
+    out = {str(recorded).removeprefix("torch."): (args, kwargs)}
+    if low:
+        up = (lambda t: t.float() if isinstance(t, torch.Tensor) and t.dtype in low else t)
+        out["float32"] = (tree_map(up, args), tree_map(up, kwargs))
+    return out
 
 
 def _shapes(args: Any) -> str:
@@ -211,21 +229,22 @@ def measure_floor(model: torch.nn.Module, loss_fn: Callable[..., torch.Tensor],
         p.grad = None
     stored = x.numel() * x.element_size() if input_bytes is None else input_bytes
     memory = update_bytes(params, optimizer) + stored + y.numel() * y.element_size()
-    best: dict[tuple, tuple[float, int]] = {}
+    best: dict[tuple, tuple[float, int, str]] = {}
     rate = 0.0
     before = torch.get_num_threads()
     try:
         for n in counts:
             torch.set_num_threads(n)
             for key, (func, args, kwargs, _, _) in recorder.calls.items():
-                seconds = time_alone(lambda f=func, a=args, k=kwargs: f(*a, **k), device)
-                if key not in best or seconds < best[key][0]:
-                    best[key] = (seconds, n)
+                for dtype, (a, k) in _variants(args, kwargs).items():
+                    seconds = time_alone(lambda f=func, a=a, k=k: f(*a, **k), device)
+                    if key not in best or seconds < best[key][0]:
+                        best[key] = (seconds, n, dtype)
             rate = max(rate, stream_rate(memory, device))
     finally:
         torch.set_num_threads(before)
     ops = [OpTime(op=str(func), shapes=_shapes(args), calls=calls, flops=float(flops),
-                  seconds=best[key][0], threads=best[key][1])
+                  seconds=best[key][0], threads=best[key][1], dtype=best[key][2])
            for key, (func, args, kwargs, calls, flops) in recorder.calls.items()]
     ops.sort(key=lambda o: -o.seconds * o.calls)
     return Floor(batch_size=int(x.shape[0]), threads=counts,

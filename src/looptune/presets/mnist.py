@@ -16,7 +16,8 @@ __all__ = ["RECIPES", "DEFAULT_BENCH"]
 # the step settings fast chooses between on a CPU, timed on this machine (presets/probe.py);
 # the first is the plain choice, kept unless another is >= 3% faster
 CPU_CANDIDATES = [Candidate("direct", "fp32", None), Candidate("direct", "fp32", 1),
-                  Candidate("direct", "bf16", None), Candidate("fused", "fp32", None)]
+                  Candidate("direct", "bf16", None), Candidate("fused", "fp32", None),
+                  Candidate("direct", "fp32", None, "mlp"), Candidate("direct", "bf16", None, "mlp")]
 
 
 def _mlp_batch(n: int, device):
@@ -32,7 +33,7 @@ def _mlp_batch(n: int, device):
 
 
 TTA_CANDIDATES = [Candidate("direct", "fp32", None), Candidate("direct", "bf16", None),
-                  Candidate("direct", "fp32", 1)]
+                  Candidate("direct", "fp32", 1), Candidate("direct", "bf16", None, "mlp")]
 
 
 def cpu_step_settings(batch_size: int, candidates: list[Candidate] = CPU_CANDIDATES
@@ -80,7 +81,8 @@ def _fast(device_type: str) -> Recipe:
         name="fast", description="fastest recipe at the reference's batch 64 for this device",
         loader=LoaderConfig(strategy="device", decode="tensorized", normalize="once",
                             store=_store(chosen)),
-        step=StepConfig(cuda_graphs=device_type == "cuda", precision=chosen.precision),
+        step=StepConfig(cuda_graphs=device_type == "cuda", precision=chosen.precision,
+                        backward=chosen.backward),
         optim=OptimConfig(impl=chosen.impl), cpu_threads=chosen.threads,
         loss_sync="epoch", reasons=tuple(reasons))
 
@@ -115,7 +117,7 @@ def _tta(device_type: str) -> Recipe:
         name="tta", description="least training time to 97.5% test accuracy (same MLP; --epochs 3)",
         loader=LoaderConfig(strategy="device", decode="tensorized", batch_size=512,
                             normalize="once", store=_store(chosen)),
-        step=StepConfig(precision=chosen.precision),
+        step=StepConfig(precision=chosen.precision, backward=chosen.backward),
         optim=OptimConfig(name="adamw", impl=chosen.impl, lr=1e-2, weight_decay=1e-4,
                           betas=(0.9, 0.95)),
         schedule=ScheduleConfig(name="onecycle", pct_start=0.25),

@@ -45,11 +45,13 @@ class Candidate:
     impl: str = "fused"
     precision: str = "fp32"
     threads: int | None = None  # None: torch's default (one per core this process may use)
+    backward: str = "autograd"  # StepConfig.backward: "mlp" writes a Linear/ReLU chain's step out
 
     @property
     def name(self) -> str:
         threads = "all threads" if self.threads is None else f"{self.threads} thread(s)"
-        return f"{self.impl} {self.precision} {threads}"
+        mlp = " backward=mlp" if self.backward == "mlp" else ""
+        return f"{self.impl} {self.precision} {threads}{mlp}"
 
 
 @dataclass(frozen=True)
@@ -183,15 +185,20 @@ def _measure(candidates: list[Candidate], build_model, loss_fn, make_batch, batc
 
     x, y = make_batch(batch_size, device)
     steppers = []
-    for c in candidates:
-        torch.manual_seed(0)
-        model = build_model().to(device)
-        optimizer, _ = build_optimizer(model.parameters(), OptimConfig(impl=c.impl), device=device)
-        steppers.append(Stepper(model=model, optimizer=optimizer, scheduler=None, loss_fn=loss_fn,
-                                cfg=StepConfig(precision=c.precision), device=device))
     times: dict[str, list[float]] = {c.name: [] for c in candidates}
     default_threads = torch.get_num_threads()
     try:
+        for c in candidates:
+            torch.manual_seed(0)
+            model = build_model().to(device)
+            optimizer, _ = build_optimizer(model.parameters(), OptimConfig(impl=c.impl),
+                                           device=device)
+            step = Stepper(model=model, optimizer=optimizer, scheduler=None, loss_fn=loss_fn,
+                           cfg=StepConfig(precision=c.precision, backward=c.backward),
+                           device=device)
+            torch.set_num_threads(c.threads or default_threads)
+            step.prepare(batch_size, x.dtype)  # backward='mlp': its setup, as a run's
+            steppers.append(step)
         for round_ in range(ROUNDS + 1):  # round 0 warms every candidate up, untimed
             for c, step in zip(candidates, steppers):
                 torch.set_num_threads(c.threads or default_threads)

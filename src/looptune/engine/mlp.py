@@ -1,0 +1,272 @@
+"""``step.backward='mlp'``: the forward and backward of a chain of Linear and ReLU layers under a
+cross-entropy loss, written out by hand instead of recorded and replayed by autograd.
+
+For a small MLP the autograd machinery costs as much as some of its matmuls: every step builds a
+graph of ~15 nodes, walks it back, creates a gradient tensor per parameter and frees it at
+``zero_grad``. Here the model's graph (traced once with ``torch.fx``) must be: reshapes of the
+input, then Linear layers, each optionally followed by a ReLU, and nothing else; the loss must
+be plain cross-entropy (mean, no weights, no label smoothing). Each step then runs the same ATen
+kernels autograd would (``addmm``, ``relu``, ``_log_softmax``, ``nll_loss``, their backward
+kernels, ``mm`` with autograd's operand layouts) and writes the gradients straight into buffers
+kept for the whole run (``mm(out=)``), which become the parameters' ``.grad``: in fp32 the
+gradients and the trained weights are bit for bit autograd's (tested).
+
+Under ``precision='bf16'`` each layer runs as autocast would run it (weights, bias and input
+cast to bf16, the output in bf16, the loss in fp32, the weight gradients cast back to fp32), or
+in fp32, whichever its own matmuls ran faster at the run's batch size on this machine
+(:func:`choose_bf16`, timed at setup, off the clock): on a CPU, bf16's oneDNN kernels win on
+wide layers and lose on narrow ones (per-call overhead), so autocast's all-or-nothing choice
+costs time either way. With every layer in bf16 the gradients are bit for bit those of autocast
++ autograd (tested). The choice and its figures go into the run's decisions.
+
+Anything the model or the run needs beyond this (other modules or ops, a loss other than
+cross-entropy, fp16 with its GradScaler, torch.compile, CUDA graphs, DDP's gradient hooks) is
+refused with the reason (:func:`plan`), and the engine steps with autograd instead.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+__all__ = ["Layer", "MLPStep", "choose_bf16", "plan"]
+
+_aten = torch.ops.aten
+_RESHAPES = {"view", "reshape", "flatten"}
+_RELUS = {torch.relu, F.relu, torch.nn.functional.relu}
+WIN = 0.05  # a layer runs in bf16 only when its matmuls are >= 5% faster that way
+ROUNDS, ROUND_S = 5, 0.004
+
+
+class Unsupported(Exception):
+    """The model, loss or run is not one the hand-written step computes (the message says why)."""
+
+
+@dataclass
+class Layer:
+    weight: torch.Tensor  # detached views of the parameters: updated in place by the optimizer
+    bias: torch.Tensor | None
+    relu: bool
+    params: tuple[nn.Parameter, ...]
+    name: str
+    bf16: bool = False
+
+
+def plan(model: nn.Module, loss_fn) -> list[Layer]:
+    """The model as a list of layers, or :class:`Unsupported` naming what is not a layer."""
+    if isinstance(model, nn.parallel.DistributedDataParallel):
+        raise Unsupported("the model is wrapped in DDP, whose gradient all-reduce hooks into "
+                          "autograd")
+    _check_loss(loss_fn)
+    try:
+        graph = torch.fx.symbolic_trace(model).graph
+    except Exception as err:  # data-dependent control flow and the like
+        raise Unsupported(f"torch.fx could not trace the model ({type(err).__name__}: "
+                          f"{str(err)[:120]})") from err
+    modules = dict(model.named_modules())
+    layers: list[Layer] = []
+    last = None  # the node the chain ends in so far
+    for node in graph.nodes:
+        if node.op == "placeholder":
+            if last is not None:
+                raise Unsupported("the model takes more than one input")
+            last = node
+            continue
+        if node.op == "output":
+            if node.args[0] is not last or not layers:
+                raise Unsupported("the model's output is not its last Linear layer's")
+            break
+        if not node.all_input_nodes or node.all_input_nodes[0] is not last:
+            raise Unsupported(f"{_describe(node, modules)} does not continue the chain of layers")
+        kind = _kind(node, modules)
+        if kind == "reshape" and not layers:
+            pass  # flattens the input: checked against the first layer's width at run time
+        elif kind == "linear":
+            mod = modules[node.target]
+            layers.append(Layer(weight=mod.weight.detach(), name=node.target, relu=False,
+                                bias=None if mod.bias is None else mod.bias.detach(),
+                                params=tuple(mod.parameters())))
+        elif kind == "relu" and layers and not layers[-1].relu and last.op == "call_module":
+            layers[-1].relu = True
+        else:
+            raise Unsupported(f"{_describe(node, modules)} is not a Linear layer, a ReLU after "
+                              "one or a reshape of the input")
+        last = node
+    owned = {id(p) for layer in layers for p in layer.params}
+    if len(owned) != sum(len(layer.params) for layer in layers):
+        raise Unsupported("a Linear layer is used twice (shared weights)")
+    if any(id(p) not in owned for p in model.parameters()):
+        raise Unsupported("the model has parameters outside its Linear layers")
+    return layers
+
+
+def _describe(node: torch.fx.Node, modules: dict[str, nn.Module]) -> str:
+    if node.op == "call_module":
+        return f"module {node.target!r} ({type(modules[node.target]).__name__})"
+    if node.op == "call_method":
+        return f"the tensor method .{node.target}()"
+    return f"{getattr(node.target, '__name__', node.target)}()"
+
+
+def _kind(node: torch.fx.Node, modules: dict[str, nn.Module]) -> str | None:
+    extra = [a for a in list(node.args[1:]) + list(node.kwargs.values())
+             if isinstance(a, torch.fx.Node)]
+    if node.op == "call_module":
+        mod = modules[node.target]
+        if type(mod) is nn.Linear:
+            return "linear"
+        if type(mod) is nn.ReLU:
+            return "relu"
+        if type(mod) is nn.Flatten and mod.start_dim == 1:
+            return "reshape"
+        return None
+    if extra:  # e.g. x.view(x.size(0), -1): an argument computed from another node
+        return None
+    if node.op == "call_function" and node.target in _RELUS:
+        return "relu"
+    if node.op == "call_function" and node.target is torch.flatten:
+        return "reshape"
+    if node.op == "call_method" and node.target in _RESHAPES:
+        return "reshape"
+    if node.op == "call_method" and node.target == "relu":
+        return "relu"
+    return None
+
+
+def _check_loss(loss_fn) -> None:
+    if loss_fn is F.cross_entropy:
+        return
+    if type(loss_fn) is nn.CrossEntropyLoss:
+        if (loss_fn.weight is None and loss_fn.reduction == "mean"
+                and loss_fn.label_smoothing == 0.0 and loss_fn.ignore_index == -100):
+            return
+        raise Unsupported("the CrossEntropyLoss has class weights, label smoothing, another "
+                          "reduction or ignore_index")
+    raise Unsupported(f"the loss is {getattr(loss_fn, '__name__', type(loss_fn).__name__)}, "
+                      "not cross-entropy")
+
+
+class MLPStep:
+    """``step(x, y, seed, first) -> loss``: forward, loss and backward of ``layers``; the
+    gradients are written into the run's buffers (``first``) or added to them, as autograd
+    accumulates; ``seed`` is d(scaled loss)/d(loss) (1/accumulate). The buffers are the
+    parameters' ``.grad`` from the first step on (set once; the Stepper does not reset them)."""
+
+    def __init__(self, layers: list[Layer]) -> None:
+        self.layers = layers
+        self.grads = [tuple(torch.zeros_like(p) for p in layer.params) for layer in layers]
+        self.width = layers[0].weight.shape[1]
+        self.pairs = [(p, g) for layer, grads in zip(layers, self.grads)
+                      for p, g in zip(layer.params, grads)]
+
+    def __call__(self, x: torch.Tensor, y: torch.Tensor, seed: torch.Tensor,
+                 first: bool) -> torch.Tensor:
+        a = x.reshape(x.shape[0], -1)
+        if a.shape[1] != self.width:
+            raise ValueError(f"the batch flattens to {tuple(a.shape)}, the first layer takes "
+                             f"{self.width} features")
+        inputs, weights, acts = [], [], []  # what the backward reads
+        for layer in self.layers:
+            dtype = torch.bfloat16 if layer.bf16 else torch.float32
+            w, b, a = layer.weight.to(dtype), layer.bias, a.to(dtype)
+            out = a.mm(w.t()) if b is None else torch.addmm(b.to(dtype), a, w.t())
+            inputs.append(a)
+            weights.append(w)
+            a = out.relu() if layer.relu else out
+            acts.append(a)
+        logp = _aten._log_softmax(a.float(), 1, False)  # the loss in fp32, as autocast's
+        loss, total = _aten.nll_loss_forward(logp, y, None, 1, -100)
+        grad = _aten.nll_loss_backward(seed, logp, y, None, 1, -100, total)
+        grad = _aten._log_softmax_backward_data(grad, logp, 1, torch.float32)
+        for i in range(len(self.layers) - 1, -1, -1):
+            grad = grad.to(acts[i].dtype)  # a cast's backward: back to the output's dtype
+            if self.layers[i].relu:
+                grad = _aten.threshold_backward(grad, acts[i], 0)
+            self._store(i, grad, inputs[i], first)
+            if i:
+                grad = grad.mm(weights[i])
+        if first:
+            for p, g in self.pairs:
+                if p.grad is not g:
+                    p.grad = g
+        return loss
+
+    def _store(self, i: int, grad: torch.Tensor, inp: torch.Tensor, first: bool) -> None:
+        gw, *gb = self.grads[i]
+        if first and grad.dtype == gw.dtype:  # autograd's layouts: grad.t() @ input
+            torch.mm(grad.t(), inp, out=gw)
+            if gb:
+                torch.sum(grad, 0, out=gb[0])
+            return
+        new = [grad.t().mm(inp)] + ([grad.sum(0)] if gb else [])
+        for buf, g in zip(self.grads[i], new):
+            if first:
+                buf.copy_(g)  # bf16 -> fp32, as autocast's cast back
+            else:
+                buf.add_(g)  # accumulation: autograd adds the new gradient in place
+
+
+def choose_bf16(layers: list[Layer], batch_size: int, input_dtype: torch.dtype) -> str:
+    """Set each layer's ``bf16`` by timing its own matmuls both ways at ``batch_size`` (forward,
+    weight gradient and, past the first layer, input gradient, with bf16's casts); return the
+    figures, for the run's decisions."""
+    parts = []
+    for i, layer in enumerate(layers):
+        out_f, in_f = layer.weight.shape
+        if i == 0 and input_dtype == torch.bfloat16:  # stored in bf16 (loader.store='autocast')
+            layer.bf16 = True  # as the store's check ran it: autocast's bf16 first layer
+            parts.append(f"{layer.name} {in_f}->{out_f}: bf16 (its input is stored in bf16)")
+            continue
+        gen, device = torch.Generator().manual_seed(i), layer.weight.device
+        a = torch.randn(batch_size, in_f, generator=gen).to(
+            device, input_dtype if i == 0 else torch.float32)
+        g = torch.randn(batch_size, out_f, generator=gen).to(device)
+        fp32, bf16 = _layer_costs(layer, a, g, backward_input=i > 0)
+        layer.bf16 = bf16 <= (1 - WIN) * fp32
+        parts.append(f"{layer.name} {in_f}->{out_f}: fp32 {fp32 * 1e6:.0f} us, bf16 "
+                     f"{bf16 * 1e6:.0f} us -> {'bf16' if layer.bf16 else 'fp32'}")
+    return "; ".join(parts)
+
+
+def _layer_costs(layer: Layer, a: torch.Tensor, g: torch.Tensor, *, backward_input: bool):
+    w, b = layer.weight, layer.bias
+    bias = b if b is not None else torch.zeros(w.shape[0], device=w.device)
+
+    def sync() -> None:
+        if w.device.type == "cuda":
+            torch.cuda.synchronize(w.device)  # sync: the timed kernels must have finished
+
+    def fp32() -> None:
+        a32 = a.float()
+        torch.addmm(bias, a32, w.t())
+        g.t().mm(a32)
+        if backward_input:
+            g.mm(w)
+
+    def bf16() -> None:
+        wb, gb, ab = w.to(torch.bfloat16), g.to(torch.bfloat16), a.to(torch.bfloat16)
+        torch.addmm(bias.to(torch.bfloat16), ab, wb.t())
+        gb.t().mm(ab).float()
+        if backward_input:
+            gb.mm(wb)
+
+    times: dict[str, list[float]] = {"fp32": [], "bf16": []}
+    for round_ in range(ROUNDS + 1):  # round 0 warms both up, untimed
+        for name, fn in (("fp32", fp32), ("bf16", bf16)):
+            sync()
+            t0, n = time.perf_counter(), 0
+            while (elapsed := time.perf_counter() - t0) < ROUND_S or n < 2:
+                fn()
+                n += 1
+                if n % 8 == 0:
+                    sync()
+            sync()
+            elapsed = time.perf_counter() - t0
+            if round_:
+                times[name].append(elapsed / n)
+    return statistics.median(times["fp32"]), statistics.median(times["bf16"])

@@ -1,0 +1,137 @@
+"""backward='mlp': a Linear/ReLU chain's step written out; autograd's gradients and weights bit for
+bit in fp32 (and in bf16 with every layer in bf16, against autocast), the same with gradient
+accumulation, and every model, loss or setting it cannot compute refused with the reason."""
+
+import copy
+
+import pytest
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+from looptune.bench.workloads import SimpleFeedForwardNN
+from looptune.engine import mlp
+from looptune.engine.optim import build_optimizer
+from looptune.engine.step import Stepper
+from looptune.recipe import OptimConfig, StepConfig
+
+CPU = torch.device("cpu")
+
+
+def _batches(n, batch=16, seed=1):
+    gen = torch.Generator().manual_seed(seed)
+    return [(torch.randn(batch, 1, 28, 28, generator=gen),
+             torch.randint(0, 10, (batch,), generator=gen)) for _ in range(n)]
+
+
+def _stepper(model, backward, precision="fp32", accumulate=1, loss_fn=F.cross_entropy):
+    opt, _ = build_optimizer(model.parameters(), OptimConfig(impl="direct", lr=1e-2), device=CPU)
+    step = Stepper(model=model, optimizer=opt, scheduler=None, loss_fn=loss_fn, device=CPU,
+                   cfg=StepConfig(backward=backward, precision=precision, accumulate=accumulate))
+    return step, step.prepare(16, torch.float32)
+
+
+def _pair(precision="fp32", accumulate=1):
+    torch.manual_seed(0)
+    a = SimpleFeedForwardNN()
+    b = copy.deepcopy(a)
+    auto, _ = _stepper(a, "autograd", precision, accumulate)
+    hand, why = _stepper(b, "mlp", precision, accumulate)
+    return (a, auto), (b, hand), why
+
+
+def _same_weights(a, b):
+    return all(torch.equal(p, q) for p, q in zip(a.state_dict().values(),
+                                                 b.state_dict().values()))
+
+
+def test_fp32_is_autograd_bit_for_bit():
+    (a, auto), (b, hand), why = _pair()
+    assert why[0].value == "mlp" and "fp32" in why[0].reason
+    for x, y in _batches(12):
+        la, lb = auto(x, y), hand(x, y)
+        assert torch.equal(la, lb)
+    assert _same_weights(a, b)
+    assert hand.stats.optimizer_steps == 12
+
+
+
+def test_gradients_are_autograd_before_the_update():
+    torch.manual_seed(0)
+    a = SimpleFeedForwardNN()
+    b = copy.deepcopy(a)
+    x, y = _batches(1)[0]
+    F.cross_entropy(a(x), y).backward()
+    step = mlp.MLPStep(mlp.plan(b, F.cross_entropy))
+    step(x, y, torch.ones(()), first=True)
+    for p, q in zip(a.parameters(), b.parameters()):
+        assert torch.equal(p.grad, q.grad)
+
+
+def test_accumulation_matches_autograd():
+    (a, auto), (b, hand), _ = _pair(accumulate=3)
+    for x, y in _batches(9):
+        auto(x, y)
+        hand(x, y)
+    assert hand.stats.optimizer_steps == 3 and _same_weights(a, b)
+
+
+def test_bf16_every_layer_is_autocast_bit_for_bit(monkeypatch):
+    monkeypatch.setattr(mlp, "choose_bf16", lambda layers, *a: [setattr(lay, "bf16", True)
+                                                                for lay in layers] and "all")
+    (a, auto), (b, hand), _ = _pair("bf16")
+    assert all(layer.bf16 for layer in hand._mlp.layers)
+    for x, y in _batches(6):
+        assert torch.equal(auto(x, y), hand(x, y))
+    assert _same_weights(a, b)
+
+
+def test_bf16_choice_is_timed_per_layer_and_trains():
+    (a, _), (b, hand), why = _pair("bf16")
+    reason = why[0].reason
+    for name in ("fc1 784->128", "fc2 128->64", "fc3 64->10"):
+        assert name in reason  # each layer's own timing, both ways
+    assert reason.count(" us") == 6
+    first = hand(*_batches(1)[0]).item()
+    for x, y in _batches(1)[:1] * 30:
+        last = hand(x, y).item()
+    assert last < first  # it learns the batch, whichever layers run in bf16
+
+
+@pytest.mark.parametrize("model, loss_fn, needle", [
+    (nn.Sequential(nn.Flatten(), nn.Linear(784, 8), nn.Tanh(), nn.Linear(8, 10)),
+     F.cross_entropy, "module '2' (Tanh)"),
+    (nn.Sequential(nn.Flatten(), nn.Linear(784, 10)), F.mse_loss, "mse_loss, not cross-entropy"),
+    (nn.Sequential(nn.Flatten(), nn.Linear(784, 10)), nn.CrossEntropyLoss(label_smoothing=0.1),
+     "label smoothing"),
+    (nn.Sequential(nn.Flatten(), nn.Linear(784, 10), nn.Dropout()), F.cross_entropy, "(Dropout)"),
+])
+def test_unsupported_models_step_with_autograd_and_say_why(model, loss_fn, needle):
+    step, why = _stepper(model, "mlp", loss_fn=loss_fn)
+    assert why[0].value == "autograd" and needle in why[0].reason
+    assert step._mlp is None
+    x, y = _batches(1)[0]
+    if loss_fn is F.mse_loss:
+        y = torch.randn(16, 10)
+    step(x, y)  # autograd steps it
+    assert step.stats.optimizer_steps == 1
+
+
+def test_sequential_with_relu_modules_is_planned():
+    model = nn.Sequential(nn.Flatten(), nn.Linear(784, 32), nn.ReLU(), nn.Linear(32, 10))
+    layers = mlp.plan(model, nn.CrossEntropyLoss())
+    assert [(lay.name, lay.relu) for lay in layers] == [("1", True), ("3", False)]
+
+
+def test_conflicting_settings_are_refused_before_training():
+    problems = StepConfig(backward="mlp", precision="fp16").problems()
+    assert any("backward='mlp' with precision='fp16'" in p for p in problems)
+    assert StepConfig(backward="mlp", compile="default").problems()
+    assert any("'backward'" in p or "backward=" in p for p in StepConfig(backward="x").problems())
+
+
+def test_a_batch_of_the_wrong_width_is_named():
+    torch.manual_seed(0)
+    step = mlp.MLPStep(mlp.plan(SimpleFeedForwardNN(), F.cross_entropy))
+    with pytest.raises(ValueError, match="first layer takes 784"):
+        step(torch.randn(4, 100), torch.zeros(4, dtype=torch.long), torch.ones(()), first=True)
