@@ -123,6 +123,27 @@ def test_sequential_with_relu_modules_is_planned():
     assert [(lay.name, lay.relu) for lay in layers] == [("1", True), ("3", False)]
 
 
+class _ViewBySize(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = nn.Linear(784, 16), nn.Linear(16, 10)
+
+    def forward(self, x):
+        x = x.view(x.size(0), -1)
+        return self.b(F.relu(self.a(x)))
+
+
+def test_the_common_flatten_idioms_are_planned_and_match_autograd():
+    for model in (_ViewBySize(), nn.Sequential(nn.Flatten(), nn.Linear(784, 10))):
+        torch.manual_seed(0)
+        twin = copy.deepcopy(model)
+        x, y = _batches(1)[0]
+        F.cross_entropy(model(x), y).backward()
+        mlp.MLPStep(mlp.plan(twin, F.cross_entropy))(x, y, torch.ones(()), first=True)
+        assert all(torch.equal(p.grad, q.grad) for p, q in zip(model.parameters(),
+                                                                 twin.parameters()))
+
+
 def test_conflicting_settings_are_refused_before_training():
     problems = StepConfig(backward="mlp", precision="fp16").problems()
     assert any("backward='mlp' with precision='fp16'" in p for p in problems)

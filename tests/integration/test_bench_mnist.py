@@ -68,3 +68,21 @@ def test_data_verb_verifies_the_folder(mnist_dir):
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert "verified" in proc.stdout
+
+
+def test_backward_mlp_trains_the_reference_model_bit_for_bit(mnist_dir):
+    """step.backward='mlp' on the real MNIST: the same epoch losses and test accuracy as
+    autograd, to the last bit (fp32), with the decision saying what ran."""
+    import dataclasses
+
+    import looptune
+    from looptune.presets import get_recipe
+
+    base = get_recipe("device", "cpu")
+    hand = dataclasses.replace(base, name="device-mlp",
+                               step=dataclasses.replace(base.step, backward="mlp"))
+    a, b = looptune.bench(recipes=[base, hand], epochs=1, device="cpu",
+                          data_dir=str(mnist_dir)).runs
+    assert a.epoch_loss == b.epoch_loss and a.test_accuracy == b.test_accuracy
+    (why,) = [d for d in b.decisions if d["name"] == "step.backward"]
+    assert why["value"] == "mlp" and "3 Linear layers" in why["reason"]

@@ -71,6 +71,7 @@ def plan(model: nn.Module, loss_fn) -> list[Layer]:
     modules = dict(model.named_modules())
     layers: list[Layer] = []
     last = None  # the node the chain ends in so far
+    sizes: set[torch.fx.Node] = set()  # x.size(0) and the like, read for a reshape
     for node in graph.nodes:
         if node.op == "placeholder":
             if last is not None:
@@ -83,7 +84,10 @@ def plan(model: nn.Module, loss_fn) -> list[Layer]:
             break
         if not node.all_input_nodes or node.all_input_nodes[0] is not last:
             raise Unsupported(f"{_describe(node, modules)} does not continue the chain of layers")
-        kind = _kind(node, modules)
+        if node.op == "call_method" and node.target == "size" and not layers:
+            sizes.add(node)  # not part of the chain: the reshape after it uses it
+            continue
+        kind = _kind(node, modules, sizes)
         if kind == "reshape" and not layers:
             pass  # flattens the input: checked against the first layer's width at run time
         elif kind == "linear":
@@ -113,9 +117,10 @@ def _describe(node: torch.fx.Node, modules: dict[str, nn.Module]) -> str:
     return f"{getattr(node.target, '__name__', node.target)}()"
 
 
-def _kind(node: torch.fx.Node, modules: dict[str, nn.Module]) -> str | None:
+def _kind(node: torch.fx.Node, modules: dict[str, nn.Module],
+          sizes: set[torch.fx.Node]) -> str | None:
     extra = [a for a in list(node.args[1:]) + list(node.kwargs.values())
-             if isinstance(a, torch.fx.Node)]
+             if isinstance(a, torch.fx.Node) and not (a in sizes and node.target in _RESHAPES)]
     if node.op == "call_module":
         mod = modules[node.target]
         if type(mod) is nn.Linear:
@@ -125,7 +130,7 @@ def _kind(node: torch.fx.Node, modules: dict[str, nn.Module]) -> str | None:
         if type(mod) is nn.Flatten and mod.start_dim == 1:
             return "reshape"
         return None
-    if extra:  # e.g. x.view(x.size(0), -1): an argument computed from another node
+    if extra:  # an argument computed from another node (x.size(0) is fine for a reshape)
         return None
     if node.op == "call_function" and node.target in _RELUS:
         return "relu"
