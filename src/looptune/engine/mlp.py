@@ -19,9 +19,13 @@ wide layers and lose on narrow ones (per-call overhead), so autocast's all-or-no
 costs time either way. With every layer in bf16 the gradients are bit for bit those of autocast
 + autograd (tested). The choice and its figures go into the run's decisions.
 
-Anything the model or the run needs beyond this (other modules or ops, a loss other than
-cross-entropy, fp16 with its GradScaler, torch.compile, CUDA graphs, DDP's gradient hooks) is
-refused with the reason (:func:`plan`), and the engine steps with autograd instead.
+A dataset stored in bf16 (``loader.store='autocast'``, checked at setup against autocast's
+first layer) keeps the first layer in bf16, as that check assumed.
+
+A model or loss beyond this (other modules or ops, a loss other than plain cross-entropy) or
+a model wrapped in DDP (whose gradient all-reduce hooks into autograd) is stepped by autograd,
+with the reason in the run's decisions (:func:`plan`); fp16 (its GradScaler), torch.compile and
+CUDA graphs with ``backward='mlp'`` are refused before training (``StepConfig.problems``).
 """
 
 from __future__ import annotations
