@@ -58,8 +58,8 @@ LossSync = Literal["step", "epoch"]
 Precision = Literal["fp32", "bf16", "fp16"]
 # How gradients are computed. autograd: recorded and replayed by torch.autograd. mlp: a chain of
 # Linear/ReLU layers under cross-entropy, forward and backward written out (engine/mlp.py): the
-# same kernels without autograd's per-step graph, gradients written into buffers kept for the run;
-# under bf16, each layer in bf16 only where its matmuls measured faster that way.
+# same kernels without autograd's per-step graph; under bf16, each layer in bf16 only where its
+# matmuls measured faster that way; with compile, the written-out step is one compiled graph.
 Backward = Literal["autograd", "mlp"]
 # torch.compile mode; "off" runs eagerly.
 CompileMode = Literal["off", "default", "reduce-overhead", "max-autotune"]
@@ -162,11 +162,11 @@ class StepConfig:
         out = _literal_problems(self, {"precision": Precision, "compile": CompileMode,
                                       "attention": Attention, "backward": Backward})
         if self.backward == "mlp":
-            clash = {"precision='fp16'": self.precision == "fp16", "cuda_graphs=True":
-                     self.cuda_graphs, f"compile={self.compile!r}": self.compile != "off"}
-            out += [f"backward='mlp' with {what}: the hand-written step runs eagerly, in fp32 "
-                    "or bf16, without a GradScaler. Use backward='autograd' for it, or drop "
-                    f"{what.split('=')[0]}." for what, bad in clash.items() if bad]
+            clash = {"precision='fp16'": self.precision == "fp16",
+                     "cuda_graphs=True": self.cuda_graphs}
+            out += [f"backward='mlp' with {what}: the written-out step runs in fp32 or bf16, "
+                    "without a GradScaler, and is not captured as a CUDA graph. Use "
+                    f"backward='autograd' for {what}." for what, bad in clash.items() if bad]
         if not _is_int(self.accumulate) or self.accumulate < 1:
             out.append(f"accumulate={self.accumulate!r} is invalid: must be an integer >= 1 "
                        "(1 = an optimizer step per batch).")

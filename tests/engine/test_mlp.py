@@ -62,8 +62,7 @@ def test_gradients_are_autograd_before_the_update():
     b = copy.deepcopy(a)
     x, y = _batches(1)[0]
     F.cross_entropy(a(x), y).backward()
-    step = mlp.MLPStep(mlp.plan(b, F.cross_entropy))
-    step(x, y, torch.ones(()), first=True)
+    mlp.MLPStep(mlp.plan(b, F.cross_entropy))(x, y, torch.ones(()), first=True)
     for p, q in zip(a.parameters(), b.parameters()):
         assert torch.equal(p.grad, q.grad)
 
@@ -147,7 +146,9 @@ def test_the_common_flatten_idioms_are_planned_and_match_autograd():
 def test_conflicting_settings_are_refused_before_training():
     problems = StepConfig(backward="mlp", precision="fp16").problems()
     assert any("backward='mlp' with precision='fp16'" in p for p in problems)
-    assert StepConfig(backward="mlp", compile="default").problems()
+    assert any("cuda_graphs=True" in p for p in StepConfig(backward="mlp",
+                                                            cuda_graphs=True).problems())
+    assert not StepConfig(backward="mlp", compile="default").problems()
     assert any("'backward'" in p or "backward=" in p for p in StepConfig(backward="x").problems())
 
 
@@ -156,3 +157,34 @@ def test_a_batch_of_the_wrong_width_is_named():
     step = mlp.MLPStep(mlp.plan(SimpleFeedForwardNN(), F.cross_entropy))
     with pytest.raises(ValueError, match="first layer takes 784"):
         step(torch.randn(4, 100), torch.zeros(4, dtype=torch.long), torch.ones(()), first=True)
+
+
+def test_compiled_written_out_step_trains_like_the_eager_one():
+    (a, auto), (b, hand), _ = _pair()
+    compiled, _ = _stepper(copy.deepcopy(b), "mlp")
+    compiled._mlp.mode = "default"  # as StepConfig(compile="default") sets it
+    for x, y in _batches(8):
+        le, lc = hand(x, y), compiled(x, y)
+        assert torch.allclose(le, lc, rtol=1e-4, atol=1e-5)
+    for p, q in zip(b.parameters(), compiled.model.parameters()):
+        assert torch.allclose(p, q, rtol=1e-3, atol=1e-5)
+
+
+def test_a_compile_failure_falls_back_to_the_eager_written_out_step(monkeypatch):
+    torch.manual_seed(0)
+    model = SimpleFeedForwardNN()
+    opt, _ = build_optimizer(model.parameters(), OptimConfig(impl="direct"), device=CPU)
+    step = Stepper(model=model, optimizer=opt, scheduler=None, loss_fn=F.cross_entropy,
+                   device=CPU, cfg=StepConfig(backward="mlp", compile="default"))
+    step.prepare(16, torch.float32)
+
+    def broken(fn, **kw):
+        def run(*a):
+            raise RuntimeError("inductor: no C++ compiler (compile failed)")
+        return run
+
+    monkeypatch.setattr(torch, "compile", broken)
+    x, y = _batches(1)[0]
+    step(x, y)
+    assert step._mlp.mode == "off" and "failed, ran eagerly" in step.stats.compile_fallback
+    assert step.stats.optimizer_steps == 1

@@ -7,9 +7,8 @@ graph of ~15 nodes, walks it back, creates a gradient tensor per parameter and f
 input, then Linear layers, each optionally followed by a ReLU, and nothing else; the loss must
 be plain cross-entropy (mean, no weights, no label smoothing). Each step then runs the same ATen
 kernels autograd would (``addmm``, ``relu``, ``_log_softmax``, ``nll_loss``, their backward
-kernels, ``mm`` with autograd's operand layouts) and writes the gradients straight into buffers
-kept for the whole run (``mm(out=)``), which become the parameters' ``.grad``: in fp32 the
-gradients and the trained weights are bit for bit autograd's (tested).
+kernels, ``mm`` with autograd's operand layouts) and hands the gradients to the parameters'
+``.grad``: in fp32 the gradients and the trained weights are bit for bit autograd's (tested).
 
 Under ``precision='bf16'`` each layer runs as autocast would run it (weights, bias and input
 cast to bf16, the output in bf16, the loss in fp32, the weight gradients cast back to fp32), or
@@ -24,14 +23,17 @@ first layer) keeps the first layer in bf16, as that check assumed.
 
 A model or loss beyond this (other modules or ops, a loss other than plain cross-entropy) or
 a model wrapped in DDP (whose gradient all-reduce hooks into autograd) is stepped by autograd,
-with the reason in the run's decisions (:func:`plan`); fp16 (its GradScaler), torch.compile and
-CUDA graphs with ``backward='mlp'`` are refused before training (``StepConfig.problems``).
+with the reason in the run's decisions (:func:`plan`); fp16 (its GradScaler) and CUDA graphs
+with ``backward='mlp'`` are refused before training (``StepConfig.problems``). With
+``step.compile`` the written-out step (forward, loss, backward: no autograd in it) is compiled as
+one graph; a failed compile falls back to the eager one with the reason.
 """
 
 from __future__ import annotations
 
 import statistics
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -162,62 +164,84 @@ def _check_loss(loss_fn) -> None:
 
 class MLPStep:
     """``step(x, y, seed, first) -> loss``: forward, loss and backward of ``layers``; the
-    gradients are written into the run's buffers (``first``) or added to them, as autograd
-    accumulates; ``seed`` is d(scaled loss)/d(loss) (1/accumulate). The buffers are the
-    parameters' ``.grad`` from the first step on (set once; the Stepper does not reset them)."""
+    gradients become the parameters' ``.grad`` (``first``) or are added to them, as autograd
+    accumulates; ``seed`` is d(scaled loss)/d(loss) (1/accumulate).
 
-    def __init__(self, layers: list[Layer]) -> None:
-        self.layers = layers
-        self.grads = [tuple(torch.zeros_like(p) for p in layer.params) for layer in layers]
+    ``compile`` (a ``torch.compile`` mode, or "off") compiles the written-out forward and
+    backward as one graph (no autograd in it: Inductor fuses the elementwise ops and the loss
+    around the matmuls); its numerics are Inductor's, not eager's bit for bit.
+    """
+
+    def __init__(self, layers: list[Layer], compile: str = "off") -> None:
+        self.layers, self.mode = layers, compile
         self.width = layers[0].weight.shape[1]
-        self.pairs = [(p, g) for layer, grads in zip(layers, self.grads)
-                      for p, g in zip(layer.params, grads)]
+        self.params = [p for layer in layers for p in layer.params]
+        self.fn: Callable | None = None  # built at the first call: choose_bf16 may set dtypes
+
+    def use_eager(self) -> None:
+        """Drop the compiled graph (it failed to compile): the eager function from now on."""
+        self.mode, self.fn = "off", None
 
     def __call__(self, x: torch.Tensor, y: torch.Tensor, seed: torch.Tensor,
                  first: bool) -> torch.Tensor:
+        if self.fn is None:
+            self.fn = _written_out([(lay.relu, lay.bf16, lay.bias is not None)
+                                    for lay in self.layers], self.width)
+            if self.mode != "off":
+                self.fn = torch.compile(self.fn, mode=None if self.mode == "default"
+                                        else self.mode, dynamic=False)
+        tensors = [t for lay in self.layers for t in (lay.weight, lay.bias) if t is not None]
+        loss, *grads = self.fn(x, y, seed, *tensors)
+        for p, g in zip(self.params, grads):
+            if first:
+                p.grad = g
+            else:
+                p.grad.add_(g)  # accumulation: autograd adds the new gradient in place
+        return loss
+
+
+def _written_out(spec: list[tuple[bool, bool, bool]], width: int) -> Callable:
+    """``fn(x, y, seed, *weights and biases) -> (loss, *their gradients)`` for layers whose
+    (relu, bf16, has a bias) are ``spec``; eagerly, the kernels and layouts autograd (and
+    autocast) use."""
+
+    def fn(x: torch.Tensor, y: torch.Tensor, seed: torch.Tensor, *tensors: torch.Tensor):
         a = x.reshape(x.shape[0], -1)
-        if a.shape[1] != self.width:
+        if a.shape[1] != width:
             raise ValueError(f"the batch flattens to {tuple(a.shape)}, the first layer takes "
-                             f"{self.width} features")
+                             f"{width} features")
+        pairs, at = [], 0
+        for _, _, has_bias in spec:  # (weight, bias or None)
+            pairs.append((tensors[at], tensors[at + 1] if has_bias else None))
+            at += 2 if has_bias else 1
         inputs, weights, acts = [], [], []  # what the backward reads
-        for layer in self.layers:
-            dtype = torch.bfloat16 if layer.bf16 else torch.float32
-            w, b, a = layer.weight.to(dtype), layer.bias, a.to(dtype)
+        for (relu, bf16, _), (w, b) in zip(spec, pairs):
+            dtype = torch.bfloat16 if bf16 else torch.float32
+            w, a = w.to(dtype), a.to(dtype)
             out = a.mm(w.t()) if b is None else torch.addmm(b.to(dtype), a, w.t())
             inputs.append(a)
             weights.append(w)
-            a = out.relu() if layer.relu else out
+            a = out.relu() if relu else out
             acts.append(a)
         logp = _aten._log_softmax(a.float(), 1, False)  # the loss in fp32, as autocast's
         loss, total = _aten.nll_loss_forward(logp, y, None, 1, -100)
         grad = _aten.nll_loss_backward(seed, logp, y, None, 1, -100, total)
         grad = _aten._log_softmax_backward_data(grad, logp, 1, torch.float32)
-        for i in range(len(self.layers) - 1, -1, -1):
+        grads: list[torch.Tensor] = []
+        for i in range(len(spec) - 1, -1, -1):
             grad = grad.to(acts[i].dtype)  # a cast's backward: back to the output's dtype
-            if self.layers[i].relu:
+            if spec[i][0]:
                 grad = _aten.threshold_backward(grad, acts[i], 0)
-            self._store(i, grad, inputs[i], first)
+            # autograd's layouts: grad.t() @ input; a bf16 layer's cast back to fp32
+            layer = [grad.t().mm(inputs[i]).float()]
+            if pairs[i][1] is not None:
+                layer.append(grad.sum(0).float())
+            grads = layer + grads
             if i:
                 grad = grad.mm(weights[i])
-        if first:
-            for p, g in self.pairs:
-                if p.grad is not g:
-                    p.grad = g
-        return loss
+        return (loss, *grads)
 
-    def _store(self, i: int, grad: torch.Tensor, inp: torch.Tensor, first: bool) -> None:
-        gw, *gb = self.grads[i]
-        if first and grad.dtype == gw.dtype:  # autograd's layouts: grad.t() @ input
-            torch.mm(grad.t(), inp, out=gw)
-            if gb:
-                torch.sum(grad, 0, out=gb[0])
-            return
-        new = [grad.t().mm(inp)] + ([grad.sum(0)] if gb else [])
-        for buf, g in zip(self.grads[i], new):
-            if first:
-                buf.copy_(g)  # bf16 -> fp32, as autocast's cast back
-            else:
-                buf.add_(g)  # accumulation: autograd adds the new gradient in place
+    return fn
 
 
 def choose_bf16(layers: list[Layer], batch_size: int, input_dtype: torch.dtype) -> str:

@@ -106,7 +106,7 @@ class Stepper:
             return [Decision("step.backward", "autograd", reason=(
                 f"backward='mlp' needs a chain of Linear/ReLU layers under cross-entropy: {why}; "
                 "stepped with autograd"))]
-        self._mlp = mlp.MLPStep(layers)
+        self._mlp = mlp.MLPStep(layers, compile=self.cfg.compile)
         if self.cfg.precision != "bf16":
             return [Decision("step.backward", "mlp", reason=(
                 f"{len(layers)} Linear layers under cross-entropy, forward and backward written "
@@ -200,6 +200,8 @@ class Stepper:
         self.stats.compile_fallback = (f"torch.compile(mode={self.cfg.compile!r}) failed, ran "
                                        f"eagerly instead: {type(err).__name__}: {err}"[:500])
         self._forward_loss = _eager(self.model, self.loss_fn)
+        if self._mlp is not None:
+            self._mlp.use_eager()
         self.optimizer.zero_grad(set_to_none=True)  # drop anything the failed step accumulated
         self._micro = 0
 
