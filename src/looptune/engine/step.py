@@ -151,7 +151,7 @@ class Stepper:
             self.optimizer.step()
         else:
             self._scaled_step()
-        if self._mlp is None:  # backward='mlp' overwrites its gradient buffers: nothing to reset
+        if self._mlp is None:  # backward='mlp' sets every .grad anew at the next step
             self.optimizer.zero_grad(set_to_none=True)  # None grads: no memset per parameter
         if self.scheduler is not None:
             self.scheduler.step()
