@@ -39,10 +39,12 @@ def test_accumulation_by_hand_counts_micro_batches_and_a_torch_optimizer_counts_
     d = run("accumulate_by_hand.py")  # 4 backwards per update: a step is an update
     assert d.step_signal == "parameter update" and d.steps_measured == 20
     # each measured step holds 4 micro-batches: about 4x a hand-updated step of 1 (hand_update.py
-    # has a batch of 20 vs 16 here and the same model shape); at least 2x. The fastest step of
-    # each: load on a shared VM only adds time (medians of 0.3 ms steps have measured 1.2x)
+    # has a batch of 20 vs 16 here and the same model shape); at least 2x. Lower quartiles: load
+    # on a shared VM only adds time (medians of 0.3 ms steps have measured 1.2x), and the first
+    # measured step can be short (0.12 ms against 0.55-0.9 ms for the other 19, once)
     single = run("hand_update.py")
-    assert min(d.step_s) > 2 * min(single.step_s), (d.step_s, single.step_s)
+    low = (lambda steps: sorted(steps)[len(steps) // 4])
+    assert low(d.step_s) > 2 * low(single.step_s), (d.step_s, single.step_s)
     script = tmp_path / "accumulate.py"
     script.write_text(
         "import torch\n"
