@@ -121,5 +121,33 @@ def test_update_probes_go_on_only_for_scripts_without_a_torch_optimizer():
         assert torch.Tensor.add_ is not original
         for p in model.parameters():
             p.data.add_(p.grad, alpha=-0.1)
-        assert probes.signal == "parameter update" and probes.steps == 2
+        # the first update shows the backward was not a step: counting starts again from it
+        assert probes.signal == "parameter update" and probes.steps == 0
+        model(torch.randn(3, 4)).sum().backward()
+        for p in model.parameters():
+            p.data.add_(p.grad, alpha=-0.1)
+        assert probes.steps == 1
     assert torch.Tensor.add_ is original  # restored
+
+
+def test_accumulation_by_hand_restarts_the_count_once_and_then_steps_on_updates():
+    """4 backward calls per update: until the first update the probes count backward calls;
+    then they drop those samples (the restart hook runs once) and every step is update to
+    update, 4 micro-batches each, none cut at a backward."""
+    model = torch.nn.Linear(4, 2)
+    restarts, steps_seen = [], []
+    with StepProbes(on_step=steps_seen.append, on_restart=lambda: restarts.append(1),
+                    first_step_timeout_s=0.0) as probes:  # a boundary was seen: no deadline
+        for update in range(4):
+            for micro in range(4):
+                model(torch.randn(3, 4)).sum().backward()
+                if update == 0:
+                    assert probes.signal == "backward" and probes.steps == micro + 1
+            with torch.no_grad():
+                for p in model.parameters():
+                    p.sub_(0.01 * p.grad)
+                    p.grad = None
+    assert restarts == [1] and probes.signal == "parameter update"
+    assert probes.steps == len(probes.samples) == 3  # updates 2, 3 and 4 end steps 1, 2, 3
+    assert steps_seen == [1, 2, 3, 4, 1, 2, 3] and probes.boundaries == 8
+    assert probes.gave_up is None

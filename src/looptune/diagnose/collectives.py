@@ -110,6 +110,11 @@ class RankWaits:
     def per_step(self) -> list[float] | None:
         return None if not self.enabled or self.unmeasurable else list(self._steps)
 
+    def restart(self) -> None:
+        """Drop the steps closed so far (the probes count steps from the start again)."""
+        self._steps = []
+        self._launches, self._completions, self._blocking = [], [], 0.0
+
     def end_step(self) -> None:
         """Close the current step: its wait is appended to ``per_step``."""
         after_backward = 0.0

@@ -120,7 +120,13 @@ def _run_once(target, args, *, module, steps, warmup, seconds, trace_dir,
         threads[:] = [torch.get_num_threads()]
         schedule.on_step(n)
 
-    probes = StepProbes(on_step=on_step, first_step_timeout_s=first_step_timeout)
+    def on_restart() -> None:  # the steps so far were backward calls, not steps
+        if os.getpid() == pid:
+            waits.restart()
+            schedule.restart()
+
+    probes = StepProbes(on_step=on_step, on_restart=on_restart,
+                        first_step_timeout_s=first_step_timeout)
     error, oom, exit_code = None, False, 0
     t0 = time.perf_counter()
     with (script_env(target, args, module) as run, probes, waits,
@@ -354,7 +360,8 @@ class watch:
     def __enter__(self) -> Self:
         device = torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
         self._schedule = Schedule(self.warmup, self.steps or UNBOUNDED, None, None, device)
-        self._probes = StepProbes(on_step=self._schedule.on_step).__enter__()
+        self._probes = StepProbes(on_step=self._schedule.on_step,
+                                  on_restart=self._schedule.restart).__enter__()
         self._schedule.begin()
         return self
 

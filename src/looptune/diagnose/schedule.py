@@ -68,6 +68,14 @@ class Schedule:
             self.memory.start()
         self._maybe_stop(n)
 
+    def restart(self) -> None:
+        """Count the steps from the start again (the step boundaries changed: the probes
+        found that what they counted were micro-batches); before any step was measured."""
+        self.close()
+        self.flops, self.ops, self.device_busy_s, self.captured = None, frozenset(), None, []
+        self.first_measured, self.memory, self.trace = None, None, None
+        self.begin()
+
     def end(self, reason: str) -> None:
         """How the script ended, unless the measurement had already ended it."""
         if not self.done:

@@ -12,7 +12,10 @@ to the end of the next):
   script that built no torch.optim optimizer (weights updated by hand, a third-party optimizer)
   gets its boundaries from its updates of the parameters (in-place ops on a parameter's storage
   after a backward: one per update, also with accumulation) or, until one is seen, from its
-  ``loss.backward()`` / ``torch.autograd.backward`` calls (``signal`` says which);
+  ``loss.backward()`` / ``torch.autograd.backward`` calls (``signal`` says which). When the
+  first update shows that the backward calls were micro-batches or parts of a step, the steps
+  counted so far are dropped and counting starts again from that update (``on_restart`` runs,
+  so warm-up, the FLOP-counted step and the measured steps are whole steps);
 * a deadline for the first boundary (``first_step_timeout_s``): past it, with none seen, the
   script is stopped (``gave_up`` says what was seen) instead of running to its end.
 
@@ -54,8 +57,9 @@ class StepProbes:
     """Per-step phase probes. ``on_step(n)`` runs after the n-th optimizer step (1-based)."""
 
     def __init__(self, *, on_step: Callable[[int], None] | None = None,
+                 on_restart: Callable[[], None] | None = None,
                  first_step_timeout_s: float | None = None) -> None:
-        self.on_step = on_step
+        self.on_step, self.on_restart = on_step, on_restart
         self.first_step_timeout_s = first_step_timeout_s
         # what marks a step: "optimizer.step" | "parameter update" | "backward"
         self.signal: str | None = None
@@ -72,6 +76,7 @@ class StepProbes:
         # per loader: what a one-worker copy of it needs (diagnose/worker_read.py), not the loader
         self.loader_parts: dict[int, dict[str, Any]] = {}
         self.steps = 0
+        self.boundaries = 0  # step boundaries seen, also those dropped by a restart
         self.drawn = 0  # batches drawn from any DataLoader by the training thread
         # the thread that trains and the optimizer whose step ends a step: waits on other threads
         # (a prefetcher) and a second optimizer (a GAN's) must not split or inflate the step; once
@@ -139,6 +144,7 @@ class StepProbes:
             h2d_bytes=self._h2d_bytes, h2d_pageable_bytes=self._pageable, sync_s=self._sync,
             syncs=self._syncs))
         self.steps += 1
+        self.boundaries += 1
         if self.on_step is not None:
             self.on_step(self.steps)  # may raise StopScript; may take time (not counted)
         self._reset(time.perf_counter())
@@ -189,8 +195,11 @@ class StepProbes:
                         and threading.get_ident() == probes._thread
                         and tensor.untyped_storage().data_ptr() in probes._params):
                     probes._pending = False  # the first op of this update ends the step
-                    probes.signal = "parameter update"
-                    probes._boundary()
+                    if probes.signal == "backward":  # the steps so far were backward calls
+                        probes.signal = "parameter update"
+                        probes._restart()
+                    else:
+                        probes._boundary()
                 return out
 
             probe.__name__ = name
@@ -198,10 +207,20 @@ class StepProbes:
 
         return make
 
+    def _restart(self) -> None:
+        """Drop the steps counted on backward calls: this first update starts the first step
+        (a backward-to-update step would hold 1 of k micro-batches, or part of a step)."""
+        self.samples.clear()
+        self.steps = 0
+        self.boundaries += 1
+        if self.on_restart is not None:
+            self.on_restart()  # may take time (not counted)
+        self._reset(time.perf_counter())
+
     def _check_deadline(self) -> None:
         """No step boundary yet, past the deadline: stop the script, saying what was seen."""
         limit = self.first_step_timeout_s
-        if self.steps or limit is None or self.gave_up is not None:
+        if self.boundaries or limit is None or self.gave_up is not None:
             return
         elapsed = time.perf_counter() - self._t_begin
         if elapsed >= limit:
