@@ -102,8 +102,15 @@ def test_the_workers_bound_comes_from_one_worker_read_and_holds_when_rerun(monke
     # batch-size remedy (1.2-1.4x here, as large) is another rule's, tested on its own scripts:
     # left out so that --verify reruns this one
     monkeypatch.setattr(verdict, "batch_remedy", lambda *a, **k: None)
-    d = run("overlap_loader.py", steps=15, verify=True)
-    (workers,) = [r for r in d.remedies if r.kind == "loader"]
+    # On a loaded VM the step replayed beside a busy process can measure so slow that one worker
+    # would not pay, and diagnose rightly offers none (a CI run): then measure once more
+    for _ in range(2):
+        d = run("overlap_loader.py", steps=15, verify=True)
+        offered = [r for r in d.remedies if r.kind == "loader"]
+        if offered:
+            break
+    assert offered, (d.bottleneck, d.evidence, d.remedies)
+    (workers,) = offered
     assert "per batch from one worker and take = " in workers.reason, workers.reason
     v = d.verify
     assert v["kind"] == "loader" and v["applied"], v
