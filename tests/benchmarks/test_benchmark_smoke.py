@@ -123,3 +123,20 @@ def test_diagnose_fidelity_smoke(mnist_dir):
         if importlib.util.find_spec(package) is not None:
             assert f"{loop:28} skipped" not in proc.stdout
     assert "no DataLoader seen" in proc.stdout and "goal: every loop's data share" in proc.stdout
+
+
+@pytest.mark.integration
+def test_tta_search_smoke(mnist_dir):
+    proc = _smoke("tta_search.py", "--data", str(mnist_dir), "--variant", "tta",
+                  "--variant", "batch=512,beta1=0.9")
+    assert "tta: reached 97.5% in " in proc.stdout and "(evaluated every 4 steps)" in proc.stdout
+    assert "batch=512,beta1=0.9: reached" in proc.stdout and "every 6 steps" in proc.stdout
+    assert proc.stdout.count("us per sample trained") == 2
+
+
+def test_tta_search_names_a_bad_variant():
+    proc = subprocess.run([sys.executable, str(BENCHMARKS / "tta_search.py"), "--smoke",
+                           "--variant", "batch=768,momentum=0.9"], capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 2 and "'momentum=0.9' is invalid" in proc.stderr
+    assert "batch, lr, beta1, beta2, pct_start, weight_decay" in proc.stderr

@@ -96,19 +96,21 @@ def _tta(device_type: str) -> Recipe:
             f"{where}: batch 768 for 3 epochs reached 97.5% in 20/20 seeds (0-19, evaluated every "
             "4 steps), after 170-196 steps in seeds 0-4 (~140k samples, 2.3-2.5 epochs; final "
             "97.6-98.0%); a step cost 1.46 us per sample in the engine vs 1.70 at batch 512 "
-            "(median of 7 interleaved 3-epoch runs), which needed about as many samples (264-296 "
-            "steps); batch 1024 needed ~144k samples (135-158 steps) at 1.52 us and ended "
+            "(median of 7 interleaved 3-epoch runs; 1.40 vs 1.60 in benchmarks/tta_search.py), "
+            "which needed about as many samples (264-312 steps); batch 1024 needed ~144k samples (135-158 steps) at 1.52 us and ended "
             "closer to the target (97.5-97.9%); 2 epochs missed it (batch 512: 2 of 5 seeds "
             "reached it, 384: 4 of 5)")),
         Decision("schedule", "onecycle", reason=(
             "a quarter of the steps rising to the peak lr, then annealing to ~0: the same budget "
-            "at a constant lr ends ~0.5 points lower; a cosine with 30 warm-up steps or a peak at "
-            "15% or 40% of the steps reached 97.5% no sooner")),
+            "at a constant lr ends ~0.5 points lower; at batch 512 a cosine with 30 warm-up steps "
+            "or the peak at 15% of the steps reached 97.5% within 4 steps of it (median 272-274 "
+            "vs 276), the peak at 40% later (288)")),
         Decision("optim", "adamw lr=1.5e-2 betas=(0.8, 0.95)", reason=(
             f"{where}, 5 seeds each: beta1 0.8 reached 97.5% in fewer steps than 0.9 (batch 512: "
-            "median 258 vs 276), 0.95 in none of 5 seeds, 0.6-0.7 no sooner than 0.8; beta2 0.95 "
-            "10-20 steps sooner than 0.999; at batch 768 lr 1.5e-2 and 2e-2 took as many steps "
-            "(183, 188 median), 1.5e-2 ending higher")),
+            "median 258 vs 276), 0.95 in none of 5 seeds, 0.5-0.7 in about as many (median "
+            "256-266; 0.6 at batch 768 in 4 of 5); beta2 0.9 as many (274), 0.99 in 4 of 5; at "
+            "batch 768 lr 1.5e-2 and 2e-2 took as many steps (median 183, 185), 1.5e-2 ending "
+            "higher (97.7-98.0% vs 97.6-97.9%)")),
         Decision("epochs", 3, reason="tuned for --epochs 3: the one-cycle spans the whole run"),
         Decision("loader.normalize", "once", reason=(
             "normalized to float32 once at setup: no per-step conversion (see fast)")),
