@@ -1,3 +1,4 @@
+import time
 import types
 
 import pytest
@@ -151,3 +152,57 @@ def test_accumulation_by_hand_restarts_the_count_once_and_then_steps_on_updates(
     assert probes.steps == len(probes.samples) == 3  # updates 2, 3 and 4 end steps 1, 2, 3
     assert steps_seen == [1, 2, 3, 4, 1, 2, 3] and probes.boundaries == 8
     assert probes.gave_up is None
+
+
+class _Slow(torch.nn.Module):
+    """A linear layer whose forward takes at least ``pause`` seconds."""
+
+    def __init__(self, pause: float):
+        super().__init__()
+        self.fc, self.pause = torch.nn.Linear(4, 2), pause
+
+    def forward(self, x):
+        time.sleep(self.pause)
+        return self.fc(x)
+
+
+def test_time_model_spans_forward_to_backward_and_nothing_outside_it():
+    import copy
+
+    fwd, outside, evaluation = 0.004, 0.006, 0.008
+    model = _Slow(fwd)
+    x, y = torch.randn(8, 4), torch.randint(0, 2, (8,))
+    with StepProbes() as probes:
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)  # built inside: optimizer.step ends steps
+        for step in range(6):
+            if step == 1:  # the model is known from here on (diagnose: after the FLOP step)
+                probes.time_model(model)
+                assert copy.deepcopy(model)._forward_pre_hooks  # copied as a plain function
+            with torch.no_grad():  # an evaluation forward: not training work
+                model.pause = evaluation
+                model(x)
+                model.pause = fwd
+            opt.zero_grad()
+            for _ in range(2):  # two micro-batches per step: both spans, not the pause between
+                torch.nn.functional.cross_entropy(model(x), y).backward()
+                time.sleep(outside)
+            opt.step()
+    assert not model._forward_pre_hooks  # removed with the probes
+    first, *timed = probes.samples
+    assert first.model_s is None and len(timed) == 5
+    for s in timed:
+        assert s.model_s >= 2 * fwd  # both forwards ...
+        assert s.step_s - s.model_s >= 2 * outside + evaluation  # ... and none of the rest
+
+
+def test_time_model_stops_at_a_restart_and_for_looptunes_own_work():
+    model = torch.nn.Linear(4, 2)
+    x, y = torch.randn(8, 4), torch.randint(0, 2, (8,))
+    with StepProbes() as probes:
+        probes.time_model(model)
+        probes.paused = True  # the replay: its forward and backward are not the script's
+        torch.nn.functional.cross_entropy(model(x), y).backward()
+        assert probes._model_t0 is None and probes._model == 0.0
+        probes.paused = False
+        probes._restart()  # the steps so far were micro-batches: the model is captured again
+        assert not model._forward_pre_hooks

@@ -2,7 +2,10 @@
 step's batch B and at k x B (:mod:`looptune.diagnose.scaling`), not from one big matmul's rate.
 
 The step at k x B, per step: data wait and host-to-device copies grow with the batch (k times);
-the compute the replayed forward + backward accounts for grows as it did in the replay; the rest
+the compute the replayed forward + backward accounts for (on a CPU: the model's forward and
+backward as timed inside the script's own steps, so that a slow phase of the machine during the
+script and a quiet one during the replay do not turn compute into "fixed" time) grows as it did
+in the replay; the rest
 of the compute (optimizer update, loss, the script's Python), syncs and other host time stay per
 step. Per sample, the larger batch is faster by ``k x step(B) / step(kB)``: that is the batch
 remedy's bound. The share of the busy time (compute + sync + other) that does not grow with the
@@ -49,7 +52,7 @@ def scaled_step(m: Measurements, phase_s: dict[str, float]) -> ScaledStep | None
     if sc is None or not sc.measured:
         return None
     k, compute = sc.factor, phase_s["compute"]
-    replayed = min(compute, sc.calls_per_step * sc.small_s)  # the replay may run slower than in-step
+    replayed = sc.replayed_s(compute)  # timed in the script's steps when known (CPU)
     compute_large = (compute - replayed) + replayed * (sc.large_s / sc.small_s)
     per_step = phase_s["sync"] + phase_s["other"]
     grows = phase_s["data_wait"] + phase_s["host_to_device"]
@@ -61,8 +64,10 @@ def scaled_step(m: Measurements, phase_s: dict[str, float]) -> ScaledStep | None
 
 def _replay_text(sc: BatchScaling) -> str:
     big = sc.batch * sc.factor  # type: ignore[operator]
+    own = (f"; in the script's steps: {sc.in_step_s * 1e3:.3f} ms per step" if sc.in_step_s
+           else "")
     return (f"{sc.module} forward+backward replayed at batch {sc.batch}: {sc.small_s * 1e3:.3f} ms, "
-            f"at {big}: {sc.large_s * 1e3:.3f} ms ({sc.per_sample_gain:.2f}x per sample)")
+            f"at {big}: {sc.large_s * 1e3:.3f} ms ({sc.per_sample_gain:.2f}x per sample){own}")
 
 
 def batch_verdict(m: Measurements, phase_s: dict[str, float]) -> tuple[str, dict[str, Any]] | None:
@@ -80,7 +85,8 @@ def batch_verdict(m: Measurements, phase_s: dict[str, float]) -> tuple[str, dict
                   "threshold": OVERHEAD_SHARE, "batch_speedup": round(s.speedup, 3),
                   "replay_batch": sc.batch, "replay_factor": sc.factor,
                   "replay_small_ms": round(sc.small_s * 1e3, 4),
-                  "replay_large_ms": round(sc.large_s * 1e3, 4), "replay_module": sc.module}
+                  "replay_large_ms": round(sc.large_s * 1e3, 4), "replay_module": sc.module,
+                  "in_step_ms": round(sc.in_step_s * 1e3, 4) if sc.in_step_s else None}
 
 
 def batch_remedy(m: Measurements, phase_s: dict[str, float], *, fallback_share: float,

@@ -36,7 +36,7 @@ def cpu_compute_remedies(m: Measurements, *, step_s: float, compute_s: float) ->
     out = []
     sc = m.batch_scaling
     if sc is not None and sc.measured and sc.bf16_s:  # the model itself, replayed under bf16
-        replayed = min(compute_s, sc.calls_per_step * sc.small_s)
+        replayed = sc.replayed_s(compute_s)
         saved = replayed * (1 - sc.bf16_s / sc.small_s)
         if saved > 0:
             action, note = _bf16_action(m)

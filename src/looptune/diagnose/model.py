@@ -27,6 +27,9 @@ class StepSample:
     sync_s: float = 0.0  # host time blocked in syncs (.item(), .cpu(), .tolist(), printing tensors)
     syncs: int = 0  # number of such calls
     device_busy_s: float | None = None  # CUDA: GPU time between the step's events; None on CPU
+    # host time from the replayed model's forward to the end of its backward, summed over its
+    # calls in the step (accumulation: several); None before the model is known (the FLOP step)
+    model_s: float | None = None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -74,11 +77,22 @@ class BatchScaling:
     bf16_s: float | None = None  # the same at ``batch`` under bf16 autocast
     # the same at ``batch`` beside one busy process (a DataLoader worker's share of the CPU)
     beside_busy_s: float | None = None
+    # CPU: the same module's forward(s) + backward as they ran inside the script's measured steps
+    # (median per step, host clock): the replay's share of the step's compute, timed in the same
+    # seconds as the rest of the step (a VM's slow phase during the script then scales both)
+    in_step_s: float | None = None
     note: str | None = None  # why it was not measured
 
     @property
     def measured(self) -> bool:
         return bool(self.batch and self.small_s and self.large_s)
+
+    def replayed_s(self, compute_s: float) -> float:
+        """The part of the step's ``compute_s`` the replay stands for: the forward(s) and
+        backward as timed in the script's own steps when known, else the replay's time per
+        step (the replay may run slower than in-step); never more than the compute."""
+        own = self.in_step_s if self.in_step_s else self.calls_per_step * (self.small_s or 0.0)
+        return min(compute_s, own)
 
     @property
     def per_sample_gain(self) -> float:

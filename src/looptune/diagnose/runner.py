@@ -26,7 +26,8 @@ from looptune.diagnose.collectives import RankWaits, launched_rank
 from looptune.diagnose.model import BatchScaling, Measurements, WorkerRead
 from looptune.diagnose.predecode import gather_seconds
 from looptune.diagnose.result import MAX_WARMUP_STEPS, Diagnosis
-from looptune.diagnose.scaling import math_sdpa, measure_scaling
+from looptune.diagnose.scaling import (
+    math_sdpa, measure_scaling, time_model_in_step, with_in_step)
 from looptune.diagnose.schedule import UNBOUNDED, Schedule
 from looptune.diagnose.script import (
     Seen,
@@ -127,6 +128,8 @@ def _run_once(target, args, *, module, steps, warmup, seconds, trace_dir,
 
     probes = StepProbes(on_step=on_step, on_restart=on_restart,
                         first_step_timeout_s=first_step_timeout)
+    if scale:
+        time_model_in_step(schedule, probes)
     error, oom, exit_code = None, False, 0
     t0 = time.perf_counter()
     with (script_env(target, args, module) as run, probes, waits,
@@ -153,6 +156,7 @@ def _run_once(target, args, *, module, steps, warmup, seconds, trace_dir,
             schedule.close()
         # the model replayed at B and 4B: inside the script's environment (its threads)
         probes.paused = True  # the replay's own backward calls are no steps of the script
+        probes.untime_model()
         scaling = (measure_scaling(schedule.captured, device) if scale and probes.samples
                    else None)
         # the training loader read by one worker, for the workers remedy (not in --verify reruns)
@@ -224,7 +228,8 @@ def _collect(schedule: Schedule, probes: StepProbes, *, error, oom, device,
         peak_mem_bytes=mem.peak_bytes, mem_limit_bytes=env_probe.memory_limit(device),
         alloc_retries=env_probe.alloc_retries(device), oom=oom,
         env=env_probe.environment(device, threads, capacity=bool(probes.loaders)),
-        batch_scaling=scaling, worker_read=worker_read, gather_s=gather_s)
+        batch_scaling=with_in_step(scaling, measured, device), worker_read=worker_read,
+        gather_s=gather_s)
     wait_s = None if waits is None or len(waits) != len(samples) else waits[window]
     before = samples[:window.start][-MAX_WARMUP_STEPS:]
     return _Run(measurements, schedule.stopped, error, [s.step_s for s in measured], mem.kind,
@@ -362,6 +367,7 @@ class watch:
         self._schedule = Schedule(self.warmup, self.steps or UNBOUNDED, None, None, device)
         self._probes = StepProbes(on_step=self._schedule.on_step,
                                   on_restart=self._schedule.restart).__enter__()
+        time_model_in_step(self._schedule, self._probes)
         self._schedule.begin()
         return self
 

@@ -24,6 +24,8 @@ one big matmul, diagnose measures this directly:
 from __future__ import annotations
 
 import copy
+import dataclasses
+import statistics
 import threading
 import time
 from dataclasses import dataclass
@@ -33,7 +35,8 @@ import torch
 
 from looptune.diagnose.model import BatchScaling
 
-__all__ = ["ModelCapture", "math_sdpa", "measure_scaling", "replay_problem"]
+__all__ = ["ModelCapture", "math_sdpa", "measure_scaling", "replay_module", "replay_problem",
+           "time_model_in_step", "with_in_step"]
 
 FACTOR = 4  # the larger batch: the batch-size remedy proposes the same factor
 MIN_TIME_S = 0.05  # each timed replay runs at least this long (several calls when they are short)
@@ -116,6 +119,33 @@ def replay_problem(calls: list[_Call]) -> tuple[_Call | None, str | None]:
     if _batch_of(call) is None:
         return None, f"{name} was called without a tensor input whose first dimension is a batch"
     return call, None
+
+
+def replay_module(calls: list[_Call]) -> torch.nn.Module | None:
+    """The module the replay will run (None when it cannot): the probes time its forward +
+    backward inside the script's own steps, for the replay's share of them."""
+    call, _ = replay_problem(calls)
+    return None if call is None else call.module
+
+
+def time_model_in_step(schedule: Any, probes: Any) -> None:
+    """On a CPU, once the FLOP-counted step captured the model, time its forward + backward in
+    each later step: the replay's share of the step, measured in the step's own seconds (on CUDA
+    the host clock sees launches; the replay's synchronized time is used there)."""
+    if schedule.device.type == "cpu":
+        schedule.on_captured = lambda calls: probes.time_model(replay_module(calls))
+
+
+def with_in_step(scaling: BatchScaling | None, measured: list[Any],
+             device: torch.device) -> BatchScaling | None:
+    """The scaling with the model's median in-step forward + backward (CPU, every measured step
+    timed), else as it is."""
+    if scaling is None or device.type != "cpu" or not measured:
+        return scaling
+    spans = [s.model_s for s in measured]
+    if any(t is None for t in spans) or not all(spans):
+        return scaling
+    return dataclasses.replace(scaling, in_step_s=statistics.median(spans))
 
 
 def _grow(value: Any, batch: int, factor: int) -> Any:

@@ -42,6 +42,7 @@ class Schedule:
     trace: dict[str, Any] | None = None
     memory: PeakMemory | None = None
     captured: list[Any] = field(default_factory=list)  # the FLOP step's outermost module calls
+    on_captured: Callable[[list[Any]], None] | None = None  # called with them, once captured
     _flop_mode: Any = None
     _capture: Any = None
     _op_names: Any = None
@@ -109,6 +110,8 @@ class Schedule:
         if self._capture is not None:
             self._capture.__exit__(None, None, None)
             self.captured, self._capture = self._capture.calls, None
+            if self.on_captured is not None:
+                self.on_captured(self.captured)
         if self._op_names is not None:
             self._op_names.__exit__(None, None, None)
             self.ops, self._op_names = frozenset(self._op_names.names), None

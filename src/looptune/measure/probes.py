@@ -16,6 +16,9 @@ to the end of the next):
   first update shows that the backward calls were micro-batches or parts of a step, the steps
   counted so far are dropped and counting starts again from that update (``on_restart`` runs,
   so warm-up, the FLOP-counted step and the measured steps are whole steps);
+* the model's own forward + backward inside each step, once :meth:`StepProbes.time_model` names
+  the module (after the FLOP-counted step): from its first forward with grad enabled to the end
+  of the next backward, summed per step (one forward pre-hook on that module, ~1-2 us a call);
 * a deadline for the first boundary (``first_step_timeout_s``): past it, with none seen, the
   script is stopped (``gave_up`` says what was seen) instead of running to its end.
 
@@ -85,6 +88,8 @@ class StepProbes:
         self._optimizer: Callable[[], Any] | None = None  # a weak reference
         self._restore: list[Callable[[], None]] = []
         self._in_sync = self._in_data = False
+        self._model_hook: Any = None  # the forward pre-hook on the timed module, if any
+        self._model_t0: float | None = None  # its forward started, its backward not yet ended
         self._reset(time.perf_counter())
 
     # -- lifecycle -------------------------------------------------------------------------
@@ -105,6 +110,7 @@ class StepProbes:
         return self
 
     def __exit__(self, *exc: object) -> None:
+        self.untime_model()
         while self._restore:
             self._restore.pop()()
 
@@ -124,6 +130,30 @@ class StepProbes:
     def _reset(self, now: float) -> None:
         self._t_last, self._wait, self._h2d, self._h2d_bytes = now, 0.0, 0.0, 0
         self._pageable, self._sync, self._syncs = 0, 0.0, 0
+        self._model, self._model_t0 = 0.0, None
+
+    # -- the model's forward + backward inside the step --------------------------------------
+    def time_model(self, module: torch.nn.Module | None) -> None:
+        """Time ``module``'s forward + backward in every following step (``StepSample.model_s``);
+        None stops timing. A plain closure as the hook: a deepcopy of the module (the replay)
+        copies it as it is, not these probes."""
+        self.untime_model()
+        if module is None:
+            return
+        probes = self
+
+        def started(_module: Any, _args: Any) -> None:
+            if (probes._model_t0 is None and not probes.paused and torch.is_grad_enabled()
+                    and threading.get_ident() == probes._thread):
+                probes._model_t0 = time.perf_counter()
+
+        self._model_hook = module.register_forward_pre_hook(started)
+        self._model, self._model_t0 = 0.0, None
+
+    def untime_model(self) -> None:
+        if self._model_hook is not None:
+            self._model_hook.remove()
+            self._model_hook = None
 
     # -- step boundary ---------------------------------------------------------------------
     def _step_hook(self, optimizer: Any, args: Any, kwargs: Any) -> None:
@@ -142,7 +172,7 @@ class StepProbes:
         self.samples.append(StepSample(
             step_s=now - self._t_last, data_wait_s=self._wait, h2d_s=self._h2d,
             h2d_bytes=self._h2d_bytes, h2d_pageable_bytes=self._pageable, sync_s=self._sync,
-            syncs=self._syncs))
+            syncs=self._syncs, model_s=self._model if self._model_hook is not None else None))
         self.steps += 1
         self.boundaries += 1
         if self.on_step is not None:
@@ -169,6 +199,9 @@ class StepProbes:
                     probes._patch(torch.Tensor, name, probes._update_probe(name))
             out = original(*args, **kwargs)
             if ours:
+                if probes._model_t0 is not None:  # the timed model's forward ... this backward
+                    probes._model += time.perf_counter() - probes._model_t0
+                    probes._model_t0 = None
                 probes._after_backward()
             return out
 
@@ -213,6 +246,7 @@ class StepProbes:
         self.samples.clear()
         self.steps = 0
         self.boundaries += 1
+        self.untime_model()  # the module is captured again in the new FLOP-counted step
         if self.on_restart is not None:
             self.on_restart()  # may take time (not counted)
         self._reset(time.perf_counter())
