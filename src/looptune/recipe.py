@@ -24,6 +24,7 @@ __all__ = [
     "Decode",
     "LoaderConfig",
     "LossSync",
+    "ThreadPolicy",
     "Normalize",
     "OptimConfig",
     "OptimizerImpl",
@@ -54,6 +55,9 @@ Store = Literal["float32", "autocast"]
 # When the step's loss is read on the host. step: loss.item() every step (the reference; a device
 # sync per step on CUDA). epoch: summed on the device, read once per epoch.
 LossSync = Literal["step", "epoch"]
+# fixed: cpu_threads (or torch's default) all run long; adaptive: follows the faster count as
+# measured while training (engine/threads.py)
+ThreadPolicy = Literal["fixed", "adaptive"]
 # Autocast compute dtype. fp16 needs a GradScaler (looptune adds one); bf16 does not.
 Precision = Literal["fp32", "bf16", "fp16"]
 # How gradients are computed. autograd: recorded and replayed by torch.autograd. mlp: a chain of
@@ -250,11 +254,13 @@ class Recipe:
     schedule: ScheduleConfig = field(default_factory=ScheduleConfig)
     loss_sync: LossSync = "step"
     cpu_threads: int | None = None  # torch intra-op threads; None = torch's default (all cores)
+    thread_policy: ThreadPolicy = "fixed"  # adaptive: cpu_threads is where the run starts
     reasons: tuple[Decision, ...] = ()  # why a preset chose its settings (shown with results)
 
     def problems(self) -> list[str]:
         out = (self.loader.problems() + self.step.problems() + self.optim.problems()
-               + self.schedule.problems() + _literal_problems(self, {"loss_sync": LossSync}))
+               + self.schedule.problems() + _literal_problems(self, {"loss_sync": LossSync,
+                                                           "thread_policy": ThreadPolicy}))
         if self.loader.store == "autocast" and self.step.precision not in ("bf16", "fp16"):
             out.append(f"loader.store='autocast' needs step.precision bf16 or fp16 (got "
                        f"{self.step.precision!r}): in fp32 there is no autocast dtype to keep the "
@@ -325,7 +331,7 @@ def _parse_assignment(recipe: Recipe, text: str) -> tuple[tuple[str | None, str]
     if not sep or len(parts) > 2 or (len(parts) == 2 and parts[0] not in _PARTS) or parts[-1] not in settable:
         known = [f"{p}.{f.name}" for p in _PARTS for f in dataclasses.fields(getattr(recipe, p))]
         raise ConfigError(f"--set {text!r} is invalid: expected FIELD=VALUE with FIELD one of "
-                          f"{', '.join(known + ['loss_sync', 'cpu_threads'])}.")
+                          f"{', '.join(known + ['loss_sync', 'cpu_threads', 'thread_policy'])}.")
     declared = typing.get_type_hints(type(target))[parts[-1]]
     return (parts[0] if len(parts) == 2 else None, parts[-1]), _convert(raw.strip(), declared, text)
 

@@ -81,7 +81,8 @@ values = st.one_of(
 )
 FIELDS = [f"{part}.{f.name}" for part in ("loader", "step", "optim", "schedule")
           for f in dataclasses.fields(getattr(Recipe(name="x"), part))] + ["cpu_threads",
-                                                                             "loss_sync"]
+                                                                             "loss_sync",
+                                                                             "thread_policy"]
 keys = st.one_of(st.sampled_from(FIELDS), st.text(max_size=16),
                  st.sampled_from(["loader", "optim.", ".lr", "optim.lr.x", "name", "loader.name",
                                   "__class__.lr", "step.__dict__", "schedule.name"]))

@@ -38,6 +38,7 @@ from looptune.engine.run_state import (
 )
 from looptune.engine.schedule import build_scheduler
 from looptune.engine.step import Stepper
+from looptune.engine.threads import ThreadGovernor, governor_for
 from looptune.errors import ConfigError, MeasurementError
 from looptune.measure.memory import PeakMemory
 from looptune.measure.results import RunResult, metric_fields
@@ -93,11 +94,16 @@ def train(*, model: torch.nn.Module, source: BatchSource, recipe: Recipe, loss_f
         images = getattr(source, "images", None)  # a device-resident dataset: its stored dtype
         decisions += run.stepper.prepare(recipe.loader.batch_size, images.dtype if isinstance(
             images, torch.Tensor) and images.is_floating_point() else torch.float32)
+        run.threads, off = governor_for(recipe.thread_policy, recipe.cpu_threads, device,
+                                        run.ctx.world_size)
+        decisions += [off] if off is not None else []
         run.memory.start()
         for epoch in range(run.state.epoch, options.epochs):
             run.state.epoch = epoch
             run.train_epoch(epoch)
         run.stepper.check_skips()
+    if run.threads is not None:  # what the thread counts measured, and every switch
+        decisions.append(run.threads.decision())
     run.score_pending()  # the evaluation points kept during training (engine/evals.py)
     return combine_ranks(run.result(setup_s=setup_s, decisions=decisions), run.ctx)
 
@@ -124,6 +130,7 @@ class _Run:
         self.stepper = Stepper(model=model, optimizer=self.optimizer, scheduler=self.scheduler,
                                loss_fn=loss_fn, cfg=recipe.step, device=device)
         self.state, self.memory, self.clock = RunState(), PeakMemory(device), Stopwatch(device)
+        self.threads: ThreadGovernor | None = None  # thread_policy='adaptive' (train() sets it)
         self.deferred = DeferredEvals(self.module)
         self.report_every = max(1, len(source) // 50)
         if recipe.loader.store == "autocast":  # before any step: the batches' dtype is fixed
@@ -154,10 +161,12 @@ class _Run:
         if state.position == 0:
             state.loss_host, state.losses = 0.0, torch.zeros(n_batches, device=self.device)
         compile_before = self.stepper.stats.compile_s
-        self.clock.start()
+        self._start_clock()
         t0 = time.perf_counter()
         batches = iter(source.epoch(epoch, start=state.position))  # worker start-up, epoch gather
         state.data_wait_s += time.perf_counter() - t0
+        if self.threads is not None:  # the epoch's set-up is not a step's time
+            self.threads.new_window()
         while True:
             t0 = time.perf_counter()
             batch = next(batches, None)  # the data wait: blocked until the next batch exists
@@ -168,6 +177,8 @@ class _Run:
             x, y = source.to_device(*batch)
             loss = self.stepper(x, y, boundary=i == n_batches - 1)
             self._record_loss(loss, i)
+            if self.threads is not None:
+                self.threads.tick()
             state.position, state.global_batches = i + 1, state.global_batches + 1
             self._between_steps(i)
         self._pause_clock()
@@ -209,7 +220,12 @@ class _Run:
             self._save_checkpoint(agreed=ckpt_due)
         if stop:
             self._interrupt()
+        self._start_clock()
+
+    def _start_clock(self) -> None:
         self.clock.start()
+        if self.threads is not None:  # time off the clock is no step's
+            self.threads.new_window()
 
     def _pause_clock(self) -> None:
         elapsed = self.clock.stop()  # sync: the device finishes the queued steps first

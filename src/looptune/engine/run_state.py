@@ -207,13 +207,13 @@ def stop_signals(state: RunState):
 
 @contextlib.contextmanager
 def cpu_threads(n: int | None):
-    """Run with ``n`` torch intra-op threads (None: leave torch's setting), then restore it."""
-    if n is None:
-        yield
-        return
+    """Run with ``n`` torch intra-op threads (None: leave torch's setting), then restore the
+    count from before (also when the run changed it: ``thread_policy='adaptive'``)."""
     before = torch.get_num_threads()
-    torch.set_num_threads(n)
+    if n is not None:
+        torch.set_num_threads(n)
     try:
         yield
     finally:
-        torch.set_num_threads(before)
+        if torch.get_num_threads() != before:
+            torch.set_num_threads(before)

@@ -1,0 +1,182 @@
+"""``thread_policy='adaptive'``: the intra-op thread count follows the machine while training.
+
+On a small CPU machine the fastest thread count changes under a run's feet. With every core free,
+all of them win (a batch-64 MLP step on a 2-vCPU VM: 245 us on 2 threads, 290 on 1); when another
+process or a noisy neighbour takes one core, OpenMP's threads wait at every barrier for the
+descheduled one, and fewer threads win by far (the same step: 360-390 us on 2 threads against
+~300 on 1 for tens of seconds at a time; beside one busy process, 1.2-1.6 s per epoch on 2 threads
+against 0.30 on 1). A thread count chosen once, at setup, is wrong for part of the run.
+
+The governor times the training loop in short windows (at least ``WINDOW_S`` and ``MIN_STEPS``
+steps, wall clock: on a CPU the step is synchronous; the run's first window, with its first-step
+allocations, is dropped) and now and then runs one window on another
+thread count; it moves to that count when the window ran at least ``MARGIN`` faster per step than
+the median of the last windows at the current one. It explores after the first two windows (a
+short run must find a slow phase early), then after ``EXPLORE_EVERY`` windows, twice as many
+after each exploration that did not pay (up to ``MAX_EVERY``), and at once when a window runs
+``JUMP`` slower than the ones before it (the machine changed). An exploring window is short
+(``EXPLORE_S``): in a quiet phase the cost is those windows only, each ~20% slower on that VM,
+fewer and fewer of them (measured: ~2% of a 5-epoch run).
+
+Thread counts change the blocking of the GEMMs, so the steps of an exploring window, and all
+after a switch, differ in the last bits from the same steps at the first count: an adaptive run
+is not bit-reproducible (what it measured and every switch are in the run's decisions); set
+``thread_policy='fixed'`` for a bit-reproducible run. Off on CUDA (the GPU does the arithmetic) and
+in a multi-process job (a rank's step time includes waiting for the others).
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+
+from looptune.recipe import Decision
+
+__all__ = ["ThreadGovernor", "candidates_for", "governor_for"]
+
+WINDOW_S = 0.03  # a window: at least this long ...
+MIN_STEPS = 8  # ... and this many steps
+EXPLORE_S = 0.01  # an exploring window: shorter (it runs at the count that is probably slower)
+EXPLORE_EVERY = 10  # windows at the current count before the next exploration ...
+MAX_EVERY = 80  # ... doubled after each one that did not pay, up to this
+MARGIN = 0.05  # another count must be at least 5% faster per step to take over
+JUMP = 1.15  # a window this much slower than the recent ones explores at once
+RECENT = 3  # windows whose median stands for the current count
+
+
+def candidates_for(cores: int) -> list[int]:
+    """Thread counts to choose from on ``cores`` usable cores: all, half, one (most first)."""
+    return sorted({cores, max(1, cores // 2), 1}, reverse=True)
+
+
+@dataclass
+class ThreadGovernor:
+    """Call :meth:`tick` after every training step and :meth:`new_window` whenever the clock was
+    paused (evaluation, checkpoints); :meth:`decision` summarizes what it measured and did."""
+
+    candidates: list[int]
+    start: int
+    set_threads: Callable[[int], None] = torch.set_num_threads
+    clock: Callable[[], float] = time.perf_counter
+    window_s: float = WINDOW_S
+    explore_s: float = EXPLORE_S
+    current: int = 0
+    switches: list[str] = field(default_factory=list)
+    per_step: dict[int, list[float]] = field(default_factory=dict)  # windows' s/step by count
+    _exploring: int | None = None
+    _explored_once: bool = False
+    _warm: bool = False  # the run's first window (first-step allocations) was dropped
+    _since: int = 0  # windows at the current count since the last exploration
+    _every: int = EXPLORE_EVERY
+    _recent: list[float] = field(default_factory=list)
+    _next_alt: int = 0
+    _steps: int = 0
+    _total: int = 0  # steps since the start (for the switches' record)
+    _t0: float = 0.0
+
+    def __post_init__(self) -> None:
+        self.current = self.start
+        self.per_step = {c: [] for c in self.candidates}
+        self.set_threads(self.start)
+        self.new_window()
+
+    def new_window(self) -> None:
+        """Start timing afresh (time spent off the training clock is not a step's)."""
+        self._steps, self._t0 = 0, self.clock()
+
+    def tick(self) -> None:
+        self._steps += 1
+        self._total += 1
+        if self._steps < MIN_STEPS:
+            return
+        now = self.clock()
+        if now - self._t0 >= (self.window_s if self._exploring is None else self.explore_s):
+            self._window_done((now - self._t0) / self._steps)
+            self._steps, self._t0 = 0, self.clock()
+
+    def _window_done(self, per_step: float) -> None:
+        if not self._warm:
+            self._warm = True
+            return
+        ran = self._exploring if self._exploring is not None else self.current
+        self.per_step[ran].append(per_step)
+        if self._exploring is not None:
+            self._explored(self._exploring, per_step)
+            return
+        jumped = len(self._recent) >= RECENT and per_step > JUMP * statistics.median(
+            self._recent[-RECENT:])
+        self._recent.append(per_step)
+        self._since += 1
+        due = self._since >= (self._every if self._explored_once else 2)
+        if due or (jumped and self._since >= RECENT):
+            self._explore()
+
+    def _explore(self) -> None:
+        others = [c for c in self.candidates if c != self.current]
+        if not others:
+            return
+        self._exploring, self._explored_once = others[self._next_alt % len(others)], True
+        self._next_alt += 1
+        self.set_threads(self._exploring)
+
+    def _explored(self, alt: int, per_step: float) -> None:
+        self._exploring, self._since = None, 0
+        home = statistics.median(self._recent[-RECENT:])
+        if per_step <= (1 - MARGIN) * home:
+            self.switches.append(f"{self.current} -> {alt} threads after step {self._total} "
+                                 f"({home * 1e6:.0f} -> {per_step * 1e6:.0f} us/step)")
+            self.current, self._recent, self._every = alt, [per_step], EXPLORE_EVERY
+        else:  # the current count is still the faster: look again later, less often
+            self._every = min(MAX_EVERY, 2 * self._every)
+        self.set_threads(self.current)
+
+    def decision(self) -> Decision:
+        parts = []
+        for c in self.candidates:
+            got = self.per_step[c]
+            if got:
+                parts.append(f"{c} thread(s): {len(got)} window(s), median "
+                             f"{statistics.median(got) * 1e6:.0f} us/step")
+        moves = ("; switched " + "; ".join(self.switches[:6])
+                 + (f" and {len(self.switches) - 6} more" if len(self.switches) > 6 else "")
+                 if self.switches else "; no switch paid")
+        return Decision("thread_policy", "adaptive", reason=(
+            f"intra-op threads among {self.candidates}, started at {self.start}, timed in "
+            f"windows of >= {self.window_s * 1e3:.0f} ms: " + ", ".join(parts or ["no window"])
+            + moves + f"; ended at {self.current}"))
+
+
+def governor_for(policy: str, threads: int | None, device: torch.device,
+                 world_size: int) -> tuple[ThreadGovernor | None, Decision | None]:
+    """The governor for a run (None with the reason when adaptive threads cannot apply)."""
+    if policy != "adaptive":
+        return None, None
+    if device.type != "cpu":
+        return None, Decision("thread_policy", "fixed", reason=(
+            f"adaptive threads: off on {device.type} (the device does the arithmetic)"))
+    if world_size > 1:
+        return None, Decision("thread_policy", "fixed", reason=(
+            "adaptive threads: off with several ranks (a rank's step time includes waiting for "
+            "the others, so it cannot judge its own thread count)"))
+    cores = _usable_cores()
+    choices = candidates_for(cores)
+    if len(choices) == 1:
+        return None, Decision("thread_policy", "fixed", reason=(
+            "adaptive threads: one usable core, nothing to choose from"))
+    start = threads if threads is not None else torch.get_num_threads()
+    if start not in choices:
+        choices = sorted({*choices, start}, reverse=True)
+    return ThreadGovernor(candidates=choices, start=start), None
+
+
+def _usable_cores() -> int:
+    import os
+
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1

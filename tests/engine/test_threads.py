@@ -1,0 +1,132 @@
+"""The adaptive thread governor (engine/threads.py): on a simulated clock whose step time
+depends on the thread count set, then in a real run on a CPU."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+from looptune.engine import threads as T
+from looptune.engine.threads import ThreadGovernor, candidates_for, governor_for
+
+
+class _Machine:
+    """A clock whose steps take ``cost[threads]`` seconds; ``phase`` changes the costs."""
+
+    def __init__(self, cost: dict[int, float]):
+        self.cost, self.threads, self.now, self.sets = dict(cost), None, 0.0, []
+
+    def set_threads(self, n: int) -> None:
+        self.threads = n
+        self.sets.append(n)
+
+    def clock(self) -> float:
+        return self.now
+
+    def run(self, gov: ThreadGovernor, steps: int) -> None:
+        for _ in range(steps):
+            self.now += self.cost[self.threads]
+            gov.tick()
+
+
+def _governor(machine: _Machine, start: int = 2) -> ThreadGovernor:
+    return ThreadGovernor(candidates=[2, 1], start=start, set_threads=machine.set_threads,
+                          clock=machine.clock)
+
+
+def test_a_taken_core_moves_the_run_to_one_thread_and_a_free_one_back():
+    m = _Machine({2: 250e-6, 1: 300e-6})  # quiet: 2 threads win
+    gov = _governor(m)
+    m.run(gov, 3000)
+    assert gov.current == 2 and not gov.switches
+    assert gov.per_step[1]  # 1 thread was tried (and did not pay)
+    m.cost[2] = 380e-6  # a core taken: 2 threads wait at every barrier
+    m.run(gov, 3000)
+    assert gov.current == 1 and len(gov.switches) == 1
+    assert gov.switches[0].startswith("2 -> 1 threads after step")
+    m.cost[2] = 250e-6  # the core is free again
+    m.run(gov, 20000)
+    assert gov.current == 2 and len(gov.switches) == 2
+    reason = gov.decision().reason
+    assert "2 thread(s):" in reason and "1 thread(s):" in reason and "ended at 2" in reason
+
+
+def test_explorations_that_do_not_pay_get_rarer_and_cost_little():
+    m = _Machine({2: 250e-6, 1: 300e-6})
+    gov = _governor(m)
+    m.run(gov, 40000)  # 10 s of steps
+    explored = len(gov.per_step[1])
+    assert gov.current == 2 and 3 <= explored <= 8  # backed off: 10, 20, 40, 80 windows apart
+    assert m.now / (40000 * 250e-6) - 1 < 0.01  # under 1% over a run at the faster count
+
+
+def test_a_sudden_slowdown_explores_at_once():
+    m = _Machine({2: 250e-6, 1: 300e-6})
+    gov = _governor(m)
+    m.run(gov, 3000)  # first exploration done, the next one 20 windows away
+    before = len(gov.per_step[1])
+    m.cost[2] = 500e-6
+    m.run(gov, 4 * int(T.WINDOW_S / 500e-6) + 10)  # a few windows at the slow cost
+    assert len(gov.per_step[1]) > before and gov.current == 1
+
+
+def test_the_first_window_and_time_off_the_clock_are_not_steps():
+    m = _Machine({2: 250e-6, 1: 300e-6})
+    gov = _governor(m)
+    m.now += 5.0  # set-up before the first step
+    gov.new_window()
+    m.run(gov, 400)
+    m.now += 10.0  # an evaluation, off the clock
+    gov.new_window()
+    m.run(gov, 400)
+    assert all(t < 400e-6 for ts in gov.per_step.values() for t in ts)
+
+
+def test_governor_for_says_why_it_is_off():
+    cpu = torch.device("cpu")
+    assert governor_for("fixed", None, cpu, 1) == (None, None)
+    gov, off = governor_for("adaptive", None, torch.device("cuda"), 1)
+    assert gov is None and "off on cuda" in off.reason
+    gov, off = governor_for("adaptive", None, cpu, 2)
+    assert gov is None and "several ranks" in off.reason
+    assert candidates_for(2) == [2, 1] and candidates_for(16) == [16, 8, 1]
+    assert candidates_for(1) == [1]
+
+
+def test_one_core_has_nothing_to_adapt(monkeypatch):
+    monkeypatch.setattr(T, "_usable_cores", lambda: 1)
+    gov, off = governor_for("adaptive", None, torch.device("cpu"), 1)
+    assert gov is None and "one usable core" in off.reason
+
+
+def test_the_start_count_is_the_recipes_and_torchs_count_is_restored(monkeypatch):
+    monkeypatch.setattr(T, "_usable_cores", lambda: 4)
+    before = torch.get_num_threads()
+    gov, _ = governor_for("adaptive", 3, torch.device("cpu"), 1)
+    try:
+        assert gov.candidates == [4, 3, 2, 1] and gov.current == 3
+        assert torch.get_num_threads() == 3
+    finally:
+        torch.set_num_threads(before)
+
+
+@pytest.mark.integration
+@pytest.mark.skipif((os.cpu_count() or 1) < 2, reason="needs 2+ cores to take one")
+def test_a_run_beside_a_busy_process_moves_to_fewer_threads():
+    import looptune
+    from looptune.diagnose.env import busy_processes
+    from looptune.presets import get_recipe
+    from looptune.recipe import with_overrides
+
+    fast = get_recipe("fast", "cpu", "mnist-mlp")
+    assert fast.thread_policy == "adaptive"
+    recipe = with_overrides(fast, ["cpu_threads=None"])  # start at every core
+    before = torch.get_num_threads()
+    with busy_processes(1, seconds=60):
+        run = looptune.bench(recipes=[recipe], epochs=1).runs[0]
+    assert torch.get_num_threads() == before  # the run's switches are not left behind
+    (reason,) = [d["reason"] for d in run.decisions
+                 if d["name"] == "thread_policy" and "timed in windows" in d["reason"]]
+    assert "switched" in reason and "-> 1 threads" in reason, reason
