@@ -140,3 +140,10 @@ def test_tta_search_names_a_bad_variant():
                           timeout=120)
     assert proc.returncode == 2 and "'momentum=0.9' is invalid" in proc.stderr
     assert "batch, lr, beta1, beta2, pct_start, weight_decay" in proc.stderr
+
+
+@pytest.mark.integration
+def test_threads_smoke(mnist_dir):
+    proc = _smoke("threads.py", "--data", str(mnist_dir), "--busy", "0")
+    assert "busy=0 round 1: fixed" in proc.stdout and "timed in windows" in proc.stdout
+    assert "busy=0: median fixed" in proc.stdout

@@ -40,11 +40,11 @@ __all__ = ["ThreadGovernor", "candidates_for", "governor_for"]
 
 WINDOW_S = 0.03  # a window: at least this long ...
 MIN_STEPS = 8  # ... and this many steps
-EXPLORE_S = 0.01  # an exploring window: shorter (it runs at the count that is probably slower)
+EXPLORE_S = 0.005  # an exploring window: shorter (it runs at the count that is probably slower)
 EXPLORE_EVERY = 10  # windows at the current count before the next exploration ...
 MAX_EVERY = 80  # ... doubled after each one that did not pay, up to this
 MARGIN = 0.05  # another count must be at least 5% faster per step to take over
-JUMP = 1.15  # a window this much slower than the recent ones explores at once
+JUMP = 1.25  # a window this much slower than the recent ones explores at once
 RECENT = 3  # windows whose median stands for the current count
 
 
@@ -69,6 +69,7 @@ class ThreadGovernor:
     per_step: dict[int, list[float]] = field(default_factory=dict)  # windows' s/step by count
     _exploring: int | None = None
     _explored_once: bool = False
+    _jumped: bool = False  # a window ran JUMP slower than the recent ones: explore soon
     _warm: bool = False  # the run's first window (first-step allocations) was dropped
     _since: int = 0  # windows at the current count since the last exploration
     _every: int = EXPLORE_EVERY
@@ -107,12 +108,13 @@ class ThreadGovernor:
         if self._exploring is not None:
             self._explored(self._exploring, per_step)
             return
-        jumped = len(self._recent) >= RECENT and per_step > JUMP * statistics.median(
-            self._recent[-RECENT:])
+        if len(self._recent) >= RECENT and per_step > JUMP * statistics.median(
+                self._recent[-RECENT:]):
+            self._jumped = True  # explored as soon as RECENT windows passed since the last
         self._recent.append(per_step)
         self._since += 1
         due = self._since >= (self._every if self._explored_once else 2)
-        if due or (jumped and self._since >= RECENT):
+        if due or (self._jumped and self._since >= RECENT):
             self._explore()
 
     def _explore(self) -> None:
@@ -120,6 +122,7 @@ class ThreadGovernor:
         if not others:
             return
         self._exploring, self._explored_once = others[self._next_alt % len(others)], True
+        self._jumped = False
         self._next_alt += 1
         self.set_threads(self._exploring)
 

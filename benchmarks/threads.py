@@ -1,0 +1,80 @@
+"""Adaptive intra-op threads (thread_policy='adaptive') vs the same recipe at a fixed count, side
+by side in one run: quiet, and beside ``--busy`` forked processes spinning pure Python (a taken
+core, as DataLoader workers or a noisy neighbour take one).
+
+Each round runs the recipe fixed, then adaptive (interleaved: this VM's speed drifts between
+minutes), ``--repeats`` rounds per condition; prints s/epoch per round, the medians, their ratio
+and what the adaptive runs switched. Goal: beside a busy process adaptive is faster; quiet it
+costs at most 5%.
+
+    python benchmarks/threads.py --data ../shared/data/mnist
+    python benchmarks/threads.py --data ../shared/data/mnist --recipe tta --epochs 3
+    python benchmarks/threads.py --data ../shared/data/mnist --smoke   # CI: short, no verdict
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import statistics
+import sys
+import warnings
+
+import torch
+
+import looptune
+from looptune.diagnose.env import busy_processes
+from looptune.measure.provenance import cpu_name
+from looptune.presets import get_recipe
+from looptune.recipe import with_overrides
+
+QUIET_COST, GOAL = 1.05, 1.0
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--data", default=None, help="MNIST folder (default: $LOOPTUNE_DATA)")
+    p.add_argument("--recipe", default="fast", help="an mnist-mlp recipe (default: fast)")
+    p.add_argument("--epochs", type=int, default=5)
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--busy", default="0,1", help="busy processes per condition, comma-separated")
+    p.add_argument("--smoke", action="store_true", help="CI mode: 1 epoch, 1 round, no verdict")
+    args = p.parse_args(argv)
+    epochs, repeats = (1, 1) if args.smoke else (args.epochs, args.repeats)
+    base = get_recipe(args.recipe, "cpu", "mnist-mlp")
+    fixed = with_overrides(base, ["thread_policy=fixed"])
+    adaptive = with_overrides(base, ["thread_policy=adaptive"])
+    print(f"machine: {cpu_name()}, {torch.get_num_threads()} torch threads, torch "
+          f"{torch.__version__}; {args.recipe}, {epochs} epoch(s), {repeats} round(s)")
+    ok = True
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        for busy in (int(b) for b in args.busy.split(",")):
+            ok &= _condition(busy, fixed, adaptive, epochs, repeats, args.data)
+    return 0 if ok or args.smoke else 1
+
+
+def _condition(busy: int, fixed, adaptive, epochs: int, repeats: int, data: str | None) -> bool:
+    times: dict[str, list[float]] = {"fixed": [], "adaptive": []}
+    for i in range(repeats):
+        for name, recipe in (("fixed", fixed), ("adaptive", adaptive)):
+            spin = busy_processes(busy, seconds=600) if busy else contextlib.nullcontext()
+            with spin:
+                run = looptune.bench(recipes=[recipe], epochs=epochs, data_dir=data).runs[0]
+            times[name].append(run.s_per_epoch)
+            if name == "adaptive":
+                moves = [d["reason"] for d in run.decisions if d["name"] == "thread_policy"
+                         and "timed in windows" in d["reason"]]
+                print(f"  busy={busy} round {i + 1}: fixed {times['fixed'][-1]:.3f}, adaptive "
+                      f"{run.s_per_epoch:.3f} s/epoch ({100 * run.test_accuracy:.2f}%); "
+                      f"{moves[0] if moves else 'no governor'}")
+    f, a = statistics.median(times["fixed"]), statistics.median(times["adaptive"])
+    goal, what = (GOAL, "faster") if busy else (QUIET_COST, "at most 5% slower")
+    met = f / a > goal if busy else a / f <= goal
+    print(f"busy={busy}: median fixed {f:.3f}, adaptive {a:.3f} s/epoch: adaptive {f / a:.2f}x; "
+          f"goal {what}: {'met' if met else 'NOT met'}")
+    return met
+
+
+if __name__ == "__main__":
+    sys.exit(main())
