@@ -1,3 +1,4 @@
+import io
 import time
 import types
 
@@ -177,7 +178,13 @@ def test_time_model_spans_forward_to_backward_and_nothing_outside_it():
         for step in range(6):
             if step == 1:  # the model is known from here on (diagnose: after the FLOP step)
                 probes.time_model(model)
-                assert copy.deepcopy(model)._forward_pre_hooks  # copied as a plain function
+                assert copy.deepcopy(model)._forward_pre_hooks  # shared, not the probes copied
+                saved = io.BytesIO()
+                torch.save(model, saved)  # a script's whole-module checkpoint still pickles
+                saved.seek(0)
+                loaded = torch.load(saved, weights_only=False)
+                loaded.pause = 0.0
+                loaded(x)  # its copy of the hook does nothing
             with torch.no_grad():  # an evaluation forward: not training work
                 model.pause = evaluation
                 model(x)

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import statistics
 import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -46,6 +47,7 @@ MAX_EVERY = 80  # ... doubled after each one that did not pay, up to this
 MARGIN = 0.05  # another count must be at least 5% faster per step to take over
 JUMP = 1.25  # a window this much slower than the recent ones explores at once
 RECENT = 3  # windows whose median stands for the current count
+KEEP = 2000  # windows kept per count for the summary (a long run keeps its last ones)
 
 
 def candidates_for(cores: int) -> list[int]:
@@ -66,14 +68,15 @@ class ThreadGovernor:
     explore_s: float = EXPLORE_S
     current: int = 0
     switches: list[str] = field(default_factory=list)
-    per_step: dict[int, list[float]] = field(default_factory=dict)  # windows' s/step by count
+    per_step: dict[int, deque[float]] = field(default_factory=dict)  # windows' s/step by count
+    windows: dict[int, int] = field(default_factory=dict)  # windows run at each count
     _exploring: int | None = None
     _explored_once: bool = False
     _jumped: bool = False  # a window ran JUMP slower than the recent ones: explore soon
     _warm: bool = False  # the run's first window (first-step allocations) was dropped
     _since: int = 0  # windows at the current count since the last exploration
     _every: int = EXPLORE_EVERY
-    _recent: list[float] = field(default_factory=list)
+    _recent: deque[float] = field(default_factory=lambda: deque(maxlen=RECENT))
     _next_alt: int = 0
     _steps: int = 0
     _total: int = 0  # steps since the start (for the switches' record)
@@ -81,7 +84,8 @@ class ThreadGovernor:
 
     def __post_init__(self) -> None:
         self.current = self.start
-        self.per_step = {c: [] for c in self.candidates}
+        self.per_step = {c: deque(maxlen=KEEP) for c in self.candidates}
+        self.windows = {c: 0 for c in self.candidates}
         self.set_threads(self.start)
         self.new_window()
 
@@ -105,11 +109,11 @@ class ThreadGovernor:
             return
         ran = self._exploring if self._exploring is not None else self.current
         self.per_step[ran].append(per_step)
+        self.windows[ran] += 1
         if self._exploring is not None:
             self._explored(self._exploring, per_step)
             return
-        if len(self._recent) >= RECENT and per_step > JUMP * statistics.median(
-                self._recent[-RECENT:]):
+        if len(self._recent) == RECENT and per_step > JUMP * statistics.median(self._recent):
             self._jumped = True  # explored as soon as RECENT windows passed since the last
         self._recent.append(per_step)
         self._since += 1
@@ -128,11 +132,13 @@ class ThreadGovernor:
 
     def _explored(self, alt: int, per_step: float) -> None:
         self._exploring, self._since = None, 0
-        home = statistics.median(self._recent[-RECENT:])
+        home = statistics.median(self._recent)
         if per_step <= (1 - MARGIN) * home:
             self.switches.append(f"{self.current} -> {alt} threads after step {self._total} "
                                  f"({home * 1e6:.0f} -> {per_step * 1e6:.0f} us/step)")
-            self.current, self._recent, self._every = alt, [per_step], EXPLORE_EVERY
+            self.current, self._every = alt, EXPLORE_EVERY
+            self._recent.clear()
+            self._recent.append(per_step)
         else:  # the current count is still the faster: look again later, less often
             self._every = min(MAX_EVERY, 2 * self._every)
         self.set_threads(self.current)
@@ -142,7 +148,7 @@ class ThreadGovernor:
         for c in self.candidates:
             got = self.per_step[c]
             if got:
-                parts.append(f"{c} thread(s): {len(got)} window(s), median "
+                parts.append(f"{c} thread(s): {self.windows[c]} window(s), median "
                              f"{statistics.median(got) * 1e6:.0f} us/step")
         moves = ("; switched " + "; ".join(self.switches[:6])
                  + (f" and {len(self.switches) - 6} more" if len(self.switches) > 6 else "")

@@ -135,20 +135,17 @@ class StepProbes:
     # -- the model's forward + backward inside the step --------------------------------------
     def time_model(self, module: torch.nn.Module | None) -> None:
         """Time ``module``'s forward + backward in every following step (``StepSample.model_s``);
-        None stops timing. A plain closure as the hook: a deepcopy of the module (the replay)
-        copies it as it is, not these probes."""
+        None stops timing."""
         self.untime_model()
         if module is None:
             return
-        probes = self
-
-        def started(_module: Any, _args: Any) -> None:
-            if (probes._model_t0 is None and not probes.paused and torch.is_grad_enabled()
-                    and threading.get_ident() == probes._thread):
-                probes._model_t0 = time.perf_counter()
-
-        self._model_hook = module.register_forward_pre_hook(started)
+        self._model_hook = module.register_forward_pre_hook(_ForwardStart(self))
         self._model, self._model_t0 = 0.0, None
+
+    def _forward_started(self) -> None:
+        if (self._model_t0 is None and not self.paused and torch.is_grad_enabled()
+                and threading.get_ident() == self._thread):
+            self._model_t0 = time.perf_counter()
 
     def untime_model(self) -> None:
         if self._model_hook is not None:
@@ -352,6 +349,26 @@ class StepProbes:
             return probe
 
         return make
+
+
+class _ForwardStart:
+    """The timed module's forward pre-hook. A deepcopy of the module (an EMA copy, the replay)
+    shares it; pickled with the module (a script's ``torch.save(model)``) it becomes a hook that
+    does nothing, so the script's checkpoint neither fails nor holds the probes."""
+
+    def __init__(self, probes: StepProbes | None) -> None:
+        self._probes = None if probes is None else weakref.ref(probes)
+
+    def __call__(self, module: Any, args: Any) -> None:
+        probes = None if self._probes is None else self._probes()
+        if probes is not None:
+            probes._forward_started()
+
+    def __deepcopy__(self, memo: dict) -> _ForwardStart:
+        return self
+
+    def __reduce__(self) -> tuple:
+        return (_ForwardStart, (None,))
 
 
 def _leaf_storages(tensors: Any, limit: int = 100_000) -> set[int]:
