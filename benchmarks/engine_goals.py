@@ -20,6 +20,7 @@ import sys
 import warnings
 
 import looptune
+from looptune.engine.threads import thread_summary
 from looptune.presets.mnist import TTA_BATCH
 from looptune.report.render import bench_table, wide_console
 
@@ -71,7 +72,9 @@ def _speed_goal(results: looptune.BenchResults) -> bool:
     ok = ratio >= SPEED_GOAL and abs(d_acc) <= 0.5
     print(f"speed at batch 64: fast is {ratio:.2f}x seed-baseline ({base.s_per_epoch:.3f} -> "
           f"{fast.s_per_epoch:.3f} s/epoch), accuracy {d_acc:+.2f} points; goal >= "
-          f"{SPEED_GOAL:.0f}x, |acc| <= 0.5: {'PASS' if ok else 'FAIL'}")
+          f"{SPEED_GOAL:.0f}x, |acc| <= 0.5: {'PASS' if ok else 'FAIL'}"
+          + (f" (fast's median run: {threads})" if (threads := thread_summary(fast.decisions))
+             else ""))
     return ok
 
 

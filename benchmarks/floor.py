@@ -30,6 +30,7 @@ import looptune
 from looptune._io import atomic_write_text
 from looptune.bench import workloads
 from looptune.engine.device import resolve_device
+from looptune.engine.threads import thread_summary
 from looptune.measure.floor import Floor, measure_floor
 from looptune.measure.provenance import cpu_name
 from looptune.presets import default_recipes, get_recipe
@@ -129,7 +130,7 @@ def _workload_row(name: str, args: argparse.Namespace, device: torch.device) -> 
                                  device=str(device), data_dir=args.data)
         base, got = results.runs
         rounds.append({"floor_s": floor_s, "fast_s": got.s_per_epoch, "baseline_s": base.s_per_epoch,
-                       "floor_step": floor.to_dict()})
+                       "floor_step": floor.to_dict(), "threads": thread_summary(got.decisions)})
     mid = sorted(rounds, key=lambda r: r["fast_s"] / r["floor_s"])[len(rounds) // 2]
     floor_s, fast_s = mid["floor_s"], mid["fast_s"]
     over = statistics.median(r["fast_s"] / r["floor_s"] for r in rounds)
@@ -157,7 +158,8 @@ def _workload_row(name: str, args: argparse.Namespace, device: torch.device) -> 
     for i, r in enumerate(rounds):
         print(f"  round {i + 1}: floor {r['floor_s']:.3f} s, fast {r['fast_s']:.3f} s/epoch "
               f"({r['fast_s'] / r['floor_s']:.2f}x the floor), {baseline_name} "
-              f"{r['baseline_s']:.3f} s/epoch ({r['baseline_s'] / r['fast_s']:.1f}x fast)")
+              f"{r['baseline_s']:.3f} s/epoch ({r['baseline_s'] / r['fast_s']:.1f}x fast)"
+              + (f"; fast's {r['threads']}" if r["threads"] else ""))
     print(f"  median: fast = {over:.2f}x the floor, {speedup:.1f}x faster than {baseline_name}")
     if any(r["floor_s"] >= r["fast_s"] for r in rounds):  # parts of the step alone: never above it
         print("  error: a round's floor is not below its run: the measurement is wrong (a load "

@@ -130,3 +130,19 @@ def test_a_run_beside_a_busy_process_moves_to_fewer_threads():
     (reason,) = [d["reason"] for d in run.decisions
                  if d["name"] == "thread_policy" and "timed in windows" in d["reason"]]
     assert "switched" in reason and "-> 1 threads" in reason, reason
+
+
+def test_the_decision_carries_its_figures_and_benchmarks_summarize_them():
+    from looptune.engine.threads import thread_summary
+
+    m = _Machine({2: 380e-6, 1: 300e-6})  # a core taken from the start
+    gov = _governor(m)
+    m.run(gov, 2000)
+    d = gov.decision()
+    assert d.evidence["switches"] == 1 and d.evidence["ended_at"] == 1
+    assert d.evidence["windows"]["1"] > d.evidence["windows"]["2"] >= 2
+    assert d.evidence["median_us_per_step"]["2"] == pytest.approx(380, abs=1)
+    as_dict = {"name": d.name, "value": d.value, "reason": d.reason, "evidence": d.evidence}
+    assert thread_summary([{"name": "x", "reason": "", "evidence": None}, as_dict]) == (
+        "threads: 1 switch(es), ended at 1")
+    assert thread_summary([]) is None

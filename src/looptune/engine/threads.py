@@ -37,7 +37,7 @@ import torch
 
 from looptune.recipe import Decision
 
-__all__ = ["ThreadGovernor", "candidates_for", "governor_for"]
+__all__ = ["ThreadGovernor", "candidates_for", "governor_for", "thread_summary"]
 
 WINDOW_S = 0.03  # a window: at least this long ...
 MIN_STEPS = 8  # ... and this many steps
@@ -156,7 +156,11 @@ class ThreadGovernor:
         return Decision("thread_policy", "adaptive", reason=(
             f"intra-op threads among {self.candidates}, started at {self.start}, timed in "
             f"windows of >= {self.window_s * 1e3:.0f} ms: " + ", ".join(parts or ["no window"])
-            + moves + f"; ended at {self.current}"))
+            + moves + f"; ended at {self.current}"), evidence={
+                "switches": len(self.switches), "ended_at": self.current, "windows": {
+                    str(c): n for c, n in self.windows.items()},
+                "median_us_per_step": {str(c): round(statistics.median(v) * 1e6, 1)
+                                       for c, v in self.per_step.items() if v}})
 
 
 def governor_for(policy: str, threads: int | None, device: torch.device,
@@ -189,3 +193,13 @@ def _usable_cores() -> int:
         return len(os.sched_getaffinity(0))
     except AttributeError:  # not on Linux
         return os.cpu_count() or 1
+
+
+def thread_summary(decisions: list[dict]) -> str | None:
+    """A run's adaptive-threads record in a few words (from its decisions), for benchmark
+    rounds; None when the run had no governor."""
+    for d in decisions:
+        ev = d.get("evidence")
+        if d.get("name") == "thread_policy" and isinstance(ev, dict) and "switches" in ev:
+            return f"threads: {ev['switches']} switch(es), ended at {ev['ended_at']}"
+    return None
