@@ -9,6 +9,7 @@ costs at most 5%.
 
     python benchmarks/threads.py --data ../shared/data/mnist
     python benchmarks/threads.py --data ../shared/data/mnist --recipe tta --epochs 3
+    python benchmarks/threads.py --data ../shared/data/mnist --workload mnist-cnn --epochs 1
     python benchmarks/threads.py --data ../shared/data/mnist --smoke   # CI: short, no verdict
 """
 
@@ -34,39 +35,43 @@ QUIET_COST, GOAL = 1.05, 1.0
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--data", default=None, help="MNIST folder (default: $LOOPTUNE_DATA)")
-    p.add_argument("--recipe", default="fast", help="an mnist-mlp recipe (default: fast)")
+    p.add_argument("--recipe", default="fast", help="a recipe of the workload (default: fast)")
+    p.add_argument("--workload", default="mnist-mlp", help="mnist-mlp (default), mnist-cnn, ...")
     p.add_argument("--epochs", type=int, default=5)
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--busy", default="0,1", help="busy processes per condition, comma-separated")
     p.add_argument("--smoke", action="store_true", help="CI mode: 1 epoch, 1 round, no verdict")
     args = p.parse_args(argv)
     epochs, repeats = (1, 1) if args.smoke else (args.epochs, args.repeats)
-    base = get_recipe(args.recipe, "cpu", "mnist-mlp")
+    base = get_recipe(args.recipe, "cpu", args.workload)
     fixed = with_overrides(base, ["thread_policy=fixed"])
     adaptive = with_overrides(base, ["thread_policy=adaptive"])
     print(f"machine: {cpu_name()}, {torch.get_num_threads()} torch threads, torch "
-          f"{torch.__version__}; {args.recipe}, {epochs} epoch(s), {repeats} round(s)")
+          f"{torch.__version__}; {args.workload} {args.recipe}, {epochs} epoch(s), {repeats} "
+          "round(s)")
     ok = True
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)
         for busy in (int(b) for b in args.busy.split(",")):
-            ok &= _condition(busy, fixed, adaptive, epochs, repeats, args.data)
+            ok &= _condition(busy, fixed, adaptive, epochs, repeats, args.data, args.workload)
     return 0 if ok or args.smoke else 1
 
 
-def _condition(busy: int, fixed, adaptive, epochs: int, repeats: int, data: str | None) -> bool:
+def _condition(busy: int, fixed, adaptive, epochs: int, repeats: int, data: str | None,
+               workload: str) -> bool:
     times: dict[str, list[float]] = {"fixed": [], "adaptive": []}
     for i in range(repeats):
         for name, recipe in (("fixed", fixed), ("adaptive", adaptive)):
             spin = busy_processes(busy, seconds=600) if busy else contextlib.nullcontext()
             with spin:
-                run = looptune.bench(recipes=[recipe], epochs=epochs, data_dir=data).runs[0]
+                run = looptune.bench(workload=workload, recipes=[recipe], epochs=epochs,
+                                     data_dir=data).runs[0]
             times[name].append(run.s_per_epoch)
             if name == "adaptive":
                 moves = [d["reason"] for d in run.decisions if d["name"] == "thread_policy"
                          and "timed in windows" in d["reason"]]
                 print(f"  busy={busy} round {i + 1}: fixed {times['fixed'][-1]:.3f}, adaptive "
-                      f"{run.s_per_epoch:.3f} s/epoch ({100 * run.test_accuracy:.2f}%); "
+                      f"{run.s_per_epoch:.3f} s/epoch; "
                       f"{moves[0] if moves else 'no governor'}")
     f, a = statistics.median(times["fixed"]), statistics.median(times["adaptive"])
     goal, what = (GOAL, "faster") if busy else (QUIET_COST, "at most 5% slower")
