@@ -6,7 +6,8 @@ import pytest
 import torch
 from torch.utils.data import DataLoader, TensorDataset
 
-from looptune.measure.probes import StepProbes, StopScript, _targets_cuda
+from looptune.measure.probe_hooks import targets_cuda
+from looptune.measure.probes import StepProbes, StopScript
 
 
 def _train(steps_to_stop=None, batch_size=16):
@@ -105,9 +106,9 @@ def test_h2d_probe_counts_bytes_and_pageable_memory():
 
 
 def test_targets_cuda_parses_to_arguments():
-    assert _targets_cuda("to", ("cuda:0",), {}) and _targets_cuda("cuda", (), {})
-    assert not _targets_cuda("to", (torch.float16,), {})
-    assert _targets_cuda("to", (), {"device": "cuda"})
+    assert targets_cuda("to", ("cuda:0",), {}) and targets_cuda("cuda", (), {})
+    assert not targets_cuda("to", (torch.float16,), {})
+    assert targets_cuda("to", (), {"device": "cuda"})
 
 
 def test_update_probes_go_on_only_for_scripts_without_a_torch_optimizer():

@@ -29,10 +29,11 @@ from looptune.engine.optim import build_optimizer, optimizer_kind
 from looptune.engine.run_state import (
     CheckpointWriteError,
     Interrupted,
-    NonFiniteLoss,
     RunOptions,
     RunState,
     cpu_threads,
+    first_bad,
+    nonfinite_loss,
     resume_problems,
     stop_signals,
 )
@@ -291,14 +292,9 @@ class _Run:
             return  # nonfinite_check_every batches
         if self.recipe.loss_sync == "step" and math.isfinite(state.loss_host):
             return
-        bad = _first_bad(window) if self.recipe.loss_sync == "epoch" else upto - 1
-        samples = self.source.batch_indices(epoch, bad)
-        shown = "unknown" if samples is None else _short(samples.tolist())
-        run_batch = state.global_batches - state.position + bad
-        raise NonFiniteLoss(f"the loss became non-finite at epoch {epoch}, batch {bad} of the "
-                            f"epoch (batch {run_batch} of the run, 0-based); the batch held "
-                            f"samples {shown}. Lower the learning rate, use precision='fp32', or "
-                            "check those samples for NaN/inf values.")
+        bad = first_bad(window) if self.recipe.loss_sync == "epoch" else upto - 1
+        raise nonfinite_loss(epoch, bad, state.global_batches - state.position + bad,
+                             self.source.batch_indices(epoch, bad))
 
     def _save_checkpoint(self, agreed: bool = True) -> None:
         folder = self.options.checkpoint_dir
@@ -398,11 +394,3 @@ class _Run:
             skipped_steps=int(stats.skipped_steps.item()),  # sync: once
             resumed_from=state.resumed_from)
 
-
-def _first_bad(losses: torch.Tensor) -> int:
-    return int(torch.nonzero(~torch.isfinite(losses))[0, 0].item())  # sync: only on failure
-
-
-def _short(items: list[int], limit: int = 64) -> str:
-    head = ", ".join(map(str, items[:limit]))
-    return f"[{head}{', ...' if len(items) > limit else ''}] ({len(items)} samples)"

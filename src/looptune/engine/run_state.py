@@ -26,6 +26,8 @@ __all__ = [
     "RunOptions",
     "RunState",
     "cpu_threads",
+    "first_bad",
+    "nonfinite_loss",
     "resume_problems",
     "stop_signals",
 ]
@@ -217,3 +219,24 @@ def cpu_threads(n: int | None):
     finally:
         if torch.get_num_threads() != before:
             torch.set_num_threads(before)
+
+
+def first_bad(losses: torch.Tensor) -> int:
+    """Index of the first non-finite loss in ``losses``."""
+    return int(torch.nonzero(~torch.isfinite(losses))[0, 0].item())  # sync: only on failure
+
+
+def nonfinite_loss(epoch: int, bad: int, run_batch: int,
+                   samples: torch.Tensor | None) -> NonFiniteLoss:
+    """The error for a loss that became non-finite at batch ``bad`` of ``epoch``, naming the
+    batch's samples (``samples``: their dataset indices, None when unknown)."""
+    shown = "unknown" if samples is None else _short(samples.tolist())
+    return NonFiniteLoss(f"the loss became non-finite at epoch {epoch}, batch {bad} of the "
+                         f"epoch (batch {run_batch} of the run, 0-based); the batch held "
+                         f"samples {shown}. Lower the learning rate, use precision='fp32', or "
+                         "check those samples for NaN/inf values.")
+
+
+def _short(items: list[int], limit: int = 64) -> str:
+    head = ", ".join(map(str, items[:limit]))
+    return f"[{head}{', ...' if len(items) > limit else ''}] ({len(items)} samples)"

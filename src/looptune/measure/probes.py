@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import threading
 import time
-import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -40,6 +39,7 @@ from torch.utils.data.dataloader import _BaseDataLoaderIter
 
 from looptune.diagnose.model import LoaderInfo, StepSample
 from looptune.measure.loader_info import batches_per_pass, loader_info, loader_parts
+from looptune.measure.probe_hooks import ForwardStart, leaf_storages, targets_cuda, weak_ref
 
 __all__ = ["StepProbes", "StopScript"]
 
@@ -139,7 +139,7 @@ class StepProbes:
         self.untime_model()
         if module is None:
             return
-        self._model_hook = module.register_forward_pre_hook(_ForwardStart(self))
+        self._model_hook = module.register_forward_pre_hook(ForwardStart(self))
         self._model, self._model_t0 = 0.0, None
 
     def _forward_started(self) -> None:
@@ -159,7 +159,7 @@ class StepProbes:
         self.signal = "optimizer.step"
         owner = None if self._optimizer is None else self._optimizer()
         if owner is None:  # the first optimizer, or the one before was deleted
-            self._optimizer, self._thread = _weak(optimizer), threading.get_ident()
+            self._optimizer, self._thread = weak_ref(optimizer), threading.get_ident()
         elif owner is not optimizer:
             return  # another optimizer in the same iteration: the first one marks the step
         self._boundary()
@@ -191,7 +191,7 @@ class StepProbes:
         def backward(*args, **kwargs):
             ours = threading.get_ident() == probes._thread and not probes.paused
             if ours and probes._params is None and probes.optimizers_built == 0:
-                probes._params = _leaf_storages(args[0] if args else kwargs.get("tensors"))
+                probes._params = leaf_storages(args[0] if args else kwargs.get("tensors"))
                 for name in _UPDATE_METHODS:  # only now: a torch.optim script never pays for them
                     probes._patch(torch.Tensor, name, probes._update_probe(name))
             out = original(*args, **kwargs)
@@ -334,7 +334,7 @@ class StepProbes:
             def probe(tensor, *args, **kwargs):
                 if (probes._in_data or tensor.device.type != "cpu"  # in next(): data wait
                         or threading.get_ident() != probes._thread
-                        or not _targets_cuda(name, args, kwargs)):
+                        or not targets_cuda(name, args, kwargs)):
                     return original(tensor, *args, **kwargs)
                 t0 = time.perf_counter()
                 out = original(tensor, *args, **kwargs)
@@ -349,58 +349,3 @@ class StepProbes:
             return probe
 
         return make
-
-
-class _ForwardStart:
-    """The timed module's forward pre-hook. A deepcopy of the module (an EMA copy, the replay)
-    shares it; pickled with the module (a script's ``torch.save(model)``) it becomes a hook that
-    does nothing, so the script's checkpoint neither fails nor holds the probes."""
-
-    def __init__(self, probes: StepProbes | None) -> None:
-        self._probes = None if probes is None else weakref.ref(probes)
-
-    def __call__(self, module: Any, args: Any) -> None:
-        probes = None if self._probes is None else self._probes()
-        if probes is not None:
-            probes._forward_started()
-
-    def __deepcopy__(self, memo: dict) -> _ForwardStart:
-        return self
-
-    def __reduce__(self) -> tuple:
-        return (_ForwardStart, (None,))
-
-
-def _leaf_storages(tensors: Any, limit: int = 100_000) -> set[int]:
-    """Storage addresses of the leaf tensors (parameters) the backward of ``tensors`` reaches:
-    the AccumulateGrad nodes of the autograd graph, walked once."""
-    roots = [tensors] if isinstance(tensors, torch.Tensor) else list(tensors or ())
-    stack = [t.grad_fn for t in roots if isinstance(t, torch.Tensor) and t.grad_fn is not None]
-    seen, found = set(), set()
-    while stack and len(seen) < limit:
-        node = stack.pop()
-        if node is None or id(node) in seen:
-            continue
-        seen.add(id(node))
-        leaf = getattr(node, "variable", None)
-        if isinstance(leaf, torch.Tensor):
-            found.add(leaf.untyped_storage().data_ptr())
-        stack.extend(n for n, _ in node.next_functions)
-    return found
-
-
-def _weak(obj: Any) -> Callable[[], Any]:
-    try:
-        return weakref.ref(obj)
-    except TypeError:  # an object without weak references (__slots__): hold it
-        return lambda: obj
-
-
-def _targets_cuda(name: str, args: tuple, kwargs: dict) -> bool:
-    if name == "cuda":
-        return True
-    try:
-        device = torch._C._nn._parse_to(*args, **kwargs)[0]
-    except (TypeError, RuntimeError):
-        return False
-    return device is not None and device.type == "cuda"
