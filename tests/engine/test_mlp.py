@@ -188,3 +188,55 @@ def test_a_compile_failure_falls_back_to_the_eager_written_out_step(monkeypatch)
     step(x, y)
     assert step._mlp.mode == "off" and "failed, ran eagerly" in step.stats.compile_fallback
     assert step.stats.optimizer_steps == 1
+
+
+def _functional_grads(layers, x, y, seed):
+    """The gradients of the functional written-out step (the compile path, run eagerly)."""
+    fn = mlp._written_out([(lay.relu, lay.bf16, lay.bias is not None) for lay in layers],
+                          layers[0].weight.shape[1])
+    tensors = [t for lay in layers for t in (lay.weight, lay.bias) if t is not None]
+    return fn(x, y, seed, *tensors)
+
+
+@pytest.mark.parametrize("bf16", [(False, False, False), (True, False, False),
+                                  (True, True, True), (False, True, False)])
+def test_in_place_step_is_the_functional_one_bit_for_bit(bf16):
+    """The eager step writes into persistent buffers (and casts bf16 weights into its own):
+    the same loss and gradients as fresh tensors, for every mix of bf16 and fp32 layers, also
+    accumulated over micro-batches of different sizes."""
+    torch.manual_seed(0)
+    model = SimpleFeedForwardNN()
+    layers = mlp.plan(model, F.cross_entropy)
+    for lay, low in zip(layers, bf16):
+        lay.bf16 = low
+    step, seed = mlp.MLPStep(layers), torch.full((), 1 / 3)
+    total = None
+    for i, (x, y) in enumerate(_batches(3, batch=16) + _batches(1, batch=5, seed=2)):
+        first = i % 3 == 0
+        loss = step(x, y, seed, first=first)
+        want, *grads = _functional_grads(layers, x, y, seed)
+        assert torch.equal(loss, want)
+        total = grads if first else [t + g for t, g in zip(total, grads)]
+        assert all(torch.equal(p.grad, t) for p, t in zip(model.parameters(), total))
+
+
+def test_gradient_buffers_persist_and_come_back_after_zero_grad():
+    torch.manual_seed(0)
+    model = SimpleFeedForwardNN()
+    twin = copy.deepcopy(model)
+    step = mlp.MLPStep(mlp.plan(model, F.cross_entropy))
+    (x, y), (x2, y2) = _batches(2)
+    step(x, y, torch.ones(()), first=True)
+    buffers = [p.grad for p in model.parameters()]
+    step(x2, y2, torch.ones(()), first=True)
+    assert all(p.grad is b for p, b in zip(model.parameters(), buffers))  # no new tensors
+    model.zero_grad(set_to_none=True)
+    step(x2, y2, torch.ones(()), first=True)
+    F.cross_entropy(twin(x2), y2).backward()
+    assert all(p.grad is b and torch.equal(p.grad, q.grad)
+               for p, b, q in zip(model.parameters(), buffers, twin.parameters()))
+    for p in model.parameters():
+        p.grad = torch.full_like(p, 7.0)  # replaced by someone else: the next step takes it back
+    step(x2, y2, torch.ones(()), first=True)
+    assert all(p.grad is b and torch.equal(p.grad, q.grad)
+               for p, b, q in zip(model.parameters(), buffers, twin.parameters()))

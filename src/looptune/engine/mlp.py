@@ -7,8 +7,10 @@ graph of ~15 nodes, walks it back, creates a gradient tensor per parameter and f
 input, then Linear layers, each optionally followed by a ReLU, and nothing else; the loss must
 be plain cross-entropy (mean, no weights, no label smoothing). Each step then runs the same ATen
 kernels autograd would (``addmm``, ``relu``, ``_log_softmax``, ``nll_loss``, their backward
-kernels, ``mm`` with autograd's operand layouts) and hands the gradients to the parameters'
-``.grad``: in fp32 the gradients and the trained weights are bit for bit autograd's (tested).
+kernels, ``mm`` with autograd's operand layouts) and writes the gradients into buffers that stay
+the parameters' ``.grad`` from step to step (no allocation per step, as bf16 layers' weight
+casts reuse theirs): in fp32 the gradients and the trained weights are bit for bit autograd's
+(tested).
 
 Under ``precision='bf16'`` each layer runs as autocast would run it (weights, bias and input
 cast to bf16, the output in bf16, the loss in fp32, the weight gradients cast back to fp32), or
@@ -31,8 +33,6 @@ one graph; a failed compile falls back to the eager one with the reason.
 
 from __future__ import annotations
 
-import statistics
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -40,13 +40,13 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from looptune.engine.mlp_precision import choose_bf16
+
 __all__ = ["Layer", "MLPStep", "choose_bf16", "plan"]
 
 _aten = torch.ops.aten
 _RESHAPES = {"view", "reshape", "flatten"}
 _RELUS = {torch.relu, F.relu, torch.nn.functional.relu}
-WIN = 0.05  # a layer runs in bf16 only when its matmuls are >= 5% faster that way
-ROUNDS, ROUND_S = 5, 0.004
 
 
 class Unsupported(Exception):
@@ -167,9 +167,12 @@ class MLPStep:
     gradients become the parameters' ``.grad`` (``first``) or are added to them, as autograd
     accumulates; ``seed`` is d(scaled loss)/d(loss) (1/accumulate).
 
-    ``compile`` (a ``torch.compile`` mode, or "off") compiles the written-out forward and
-    backward as one graph (no autograd in it: Inductor fuses the elementwise ops and the loss
-    around the matmuls); its numerics are Inductor's, not eager's bit for bit.
+    Eagerly (:class:`_InPlace`) the weight gradients are written straight into buffers that stay
+    the parameters' ``.grad`` from step to step, and bf16 layers cast their weights into buffers
+    of their own: no allocation per step for them, and the same values as a fresh tensor each
+    step. ``compile`` (a ``torch.compile`` mode, or "off") compiles the written-out forward and
+    backward as one functional graph instead (no autograd in it: Inductor fuses the elementwise
+    ops and the loss around the matmuls); its numerics are Inductor's, not eager's bit for bit.
     """
 
     def __init__(self, layers: list[Layer], compile: str = "off") -> None:
@@ -185,11 +188,15 @@ class MLPStep:
     def __call__(self, x: torch.Tensor, y: torch.Tensor, seed: torch.Tensor,
                  first: bool) -> torch.Tensor:
         if self.fn is None:
-            self.fn = _written_out([(lay.relu, lay.bf16, lay.bias is not None)
-                                    for lay in self.layers], self.width)
-            if self.mode != "off":
-                self.fn = torch.compile(self.fn, mode=None if self.mode == "default"
-                                        else self.mode, dynamic=False)
+            if self.mode == "off":
+                self.fn = _InPlace(self.layers, self.width)
+            else:
+                self.fn = torch.compile(
+                    _written_out([(lay.relu, lay.bf16, lay.bias is not None)
+                                  for lay in self.layers], self.width),
+                    mode=None if self.mode == "default" else self.mode, dynamic=False)
+        if isinstance(self.fn, _InPlace):
+            return self.fn(x, y, seed, first)
         tensors = [t for lay in self.layers for t in (lay.weight, lay.bias) if t is not None]
         loss, *grads = self.fn(x, y, seed, *tensors)
         for p, g in zip(self.params, grads):
@@ -198,6 +205,94 @@ class MLPStep:
             else:
                 p.grad.add_(g)  # accumulation: autograd adds the new gradient in place
         return loss
+
+
+class _InPlace:
+    """The eager written-out step: :func:`_written_out`'s kernels and values, with the weight
+    and bias gradients written into persistent buffers (``mm``/``sum`` with ``out=``, or a copy
+    from a bf16 buffer) that are the parameters' ``.grad``. A ``.grad`` set to None or replaced
+    in between (``zero_grad``, a checkpoint load) is pointed back at its buffer at the next
+    ``first`` step, which overwrites it, as autograd's fresh gradient would."""
+
+    def __init__(self, layers: list[Layer], width: int) -> None:
+        self.width = width
+        self.layers = []  # per layer: what its forward and backward read and write
+        for lay in layers:
+            low = torch.bfloat16 if lay.bf16 else None
+
+            def buffer(t: torch.Tensor | None, dtype=low) -> torch.Tensor | None:
+                return None if t is None or dtype is None else torch.empty_like(t, dtype=dtype)
+
+            grads = tuple(torch.zeros_like(p, memory_format=torch.contiguous_format)
+                          for p in lay.params)
+            self.layers.append((lay, buffer(lay.weight), buffer(lay.bias), grads,
+                                buffer(lay.weight)))
+        self.pairs = [(p, g) for lay, *_, grads, _ in self.layers
+                      for p, g in zip(lay.params, grads)]
+
+    def __call__(self, x: torch.Tensor, y: torch.Tensor, seed: torch.Tensor,
+                 first: bool) -> torch.Tensor:
+        a = x.reshape(x.shape[0], -1)
+        if a.shape[1] != self.width:
+            raise ValueError(f"the batch flattens to {tuple(a.shape)}, the first layer takes "
+                             f"{self.width} features")
+        if first:
+            for p, g in self.pairs:
+                if p.grad is not g:
+                    p.grad = g
+        inputs, weights, acts = [], [], []  # what the backward reads
+        for lay, w_low, b_low, _, _ in self.layers:
+            w, b = lay.weight, lay.bias
+            if w_low is not None:  # bf16, as autocast casts: weight, bias and input
+                w, b = w_low.copy_(w), None if b is None else b_low.copy_(b)
+                if a.dtype != torch.bfloat16:
+                    a = a.to(torch.bfloat16)
+            elif a.dtype != torch.float32:
+                a = a.float()
+            out = a.mm(w.t()) if b is None else torch.addmm(b, a, w.t())
+            if lay.relu:
+                out.relu_()  # its own fresh output: in place is relu's values
+            inputs.append(a)
+            weights.append(w)
+            acts.append(out)
+            a = out
+        logp = torch._log_softmax(a if a.dtype == torch.float32 else a.float(), 1, False)
+        loss, total = _aten.nll_loss_forward(logp, y, None, 1, -100)
+        grad = _aten.nll_loss_backward(seed, logp, y, None, 1, -100, total)
+        grad = torch._log_softmax_backward_data(grad, logp, 1, torch.float32)
+        for i in range(len(self.layers) - 1, -1, -1):
+            lay, _, _, grads, g_low = self.layers[i]
+            if grad.dtype != acts[i].dtype:
+                grad = grad.to(acts[i].dtype)  # a cast's backward: back to the output's dtype
+            if lay.relu:
+                grad = _aten.threshold_backward(grad, acts[i], 0)
+            _weight_grad(grad, inputs[i], grads[0], g_low, first)
+            if lay.bias is not None:
+                _bias_grad(grad, grads[1], first)
+            if i:
+                grad = grad.mm(weights[i])
+        return loss
+
+
+def _weight_grad(grad: torch.Tensor, a: torch.Tensor, into: torch.Tensor,
+                 low: torch.Tensor | None, first: bool) -> None:
+    """``into`` = (or +=) autograd's ``grad.t() @ a``, in fp32; through ``low`` for bf16."""
+    if low is not None:
+        torch.mm(grad.t(), a, out=low)
+        into.copy_(low) if first else into.add_(low)  # the cast back to fp32, exact
+    elif first:
+        torch.mm(grad.t(), a, out=into)
+    else:
+        into.add_(grad.t().mm(a))
+
+
+def _bias_grad(grad: torch.Tensor, into: torch.Tensor, first: bool) -> None:
+    if grad.dtype != into.dtype:
+        into.copy_(grad.sum(0)) if first else into.add_(grad.sum(0))
+    elif first:
+        torch.sum(grad, 0, out=into)
+    else:
+        into.add_(grad.sum(0))
 
 
 def _written_out(spec: list[tuple[bool, bool, bool]], width: int) -> Callable:
@@ -242,64 +337,3 @@ def _written_out(spec: list[tuple[bool, bool, bool]], width: int) -> Callable:
         return (loss, *grads)
 
     return fn
-
-
-def choose_bf16(layers: list[Layer], batch_size: int, input_dtype: torch.dtype) -> str:
-    """Set each layer's ``bf16`` by timing its own matmuls both ways at ``batch_size`` (forward,
-    weight gradient and, past the first layer, input gradient, with bf16's casts); return the
-    figures, for the run's decisions."""
-    parts = []
-    for i, layer in enumerate(layers):
-        out_f, in_f = layer.weight.shape
-        if i == 0 and input_dtype == torch.bfloat16:  # stored in bf16 (loader.store='autocast')
-            layer.bf16 = True  # as the store's check ran it: autocast's bf16 first layer
-            parts.append(f"{layer.name} {in_f}->{out_f}: bf16 (its input is stored in bf16)")
-            continue
-        gen, device = torch.Generator().manual_seed(i), layer.weight.device
-        a = torch.randn(batch_size, in_f, generator=gen).to(
-            device, input_dtype if i == 0 else torch.float32)
-        g = torch.randn(batch_size, out_f, generator=gen).to(device)
-        fp32, bf16 = _layer_costs(layer, a, g, backward_input=i > 0)
-        layer.bf16 = bf16 <= (1 - WIN) * fp32
-        parts.append(f"{layer.name} {in_f}->{out_f}: fp32 {fp32 * 1e6:.0f} us, bf16 "
-                     f"{bf16 * 1e6:.0f} us -> {'bf16' if layer.bf16 else 'fp32'}")
-    return "; ".join(parts)
-
-
-def _layer_costs(layer: Layer, a: torch.Tensor, g: torch.Tensor, *, backward_input: bool):
-    w, b = layer.weight, layer.bias
-    bias = b if b is not None else torch.zeros(w.shape[0], device=w.device)
-
-    def sync() -> None:
-        if w.device.type == "cuda":
-            torch.cuda.synchronize(w.device)  # sync: the timed kernels must have finished
-
-    def fp32() -> None:
-        a32 = a.float()
-        torch.addmm(bias, a32, w.t())
-        g.t().mm(a32)
-        if backward_input:
-            g.mm(w)
-
-    def bf16() -> None:
-        wb, gb, ab = w.to(torch.bfloat16), g.to(torch.bfloat16), a.to(torch.bfloat16)
-        torch.addmm(bias.to(torch.bfloat16), ab, wb.t())
-        gb.t().mm(ab).float()
-        if backward_input:
-            gb.mm(wb)
-
-    times: dict[str, list[float]] = {"fp32": [], "bf16": []}
-    for round_ in range(ROUNDS + 1):  # round 0 warms both up, untimed
-        for name, fn in (("fp32", fp32), ("bf16", bf16)):
-            sync()
-            t0, n = time.perf_counter(), 0
-            while (elapsed := time.perf_counter() - t0) < ROUND_S or n < 2:
-                fn()
-                n += 1
-                if n % 8 == 0:
-                    sync()
-            sync()
-            elapsed = time.perf_counter() - t0
-            if round_:
-                times[name].append(elapsed / n)
-    return statistics.median(times["fp32"]), statistics.median(times["bf16"])
