@@ -64,7 +64,9 @@ Precision = Literal["fp32", "bf16", "fp16"]
 # Linear/ReLU layers under cross-entropy, forward and backward written out (engine/mlp.py): the
 # same kernels without autograd's per-step graph; under bf16, each layer in bf16 only where its
 # matmuls measured faster that way; with compile, the written-out step is one compiled graph.
-Backward = Literal["autograd", "mlp"]
+# mlp-cpp: the same written-out step as one C++ call (engine/mlp_step.cpp, built at setup;
+# without a compiler it runs from Python, as mlp, with the reason).
+Backward = Literal["autograd", "mlp", "mlp-cpp"]
 # torch.compile mode; "off" runs eagerly.
 CompileMode = Literal["off", "default", "reduce-overhead", "max-autotune"]
 # torch.nn.functional.scaled_dot_product_attention's kernel: "auto" = PyTorch's own choice
@@ -158,19 +160,23 @@ class StepConfig:
     cuda_graphs: bool = False  # capture the whole step once, replay it: no per-kernel launches
     channels_last: bool = False  # conv nets: NHWC weights and 4-D inputs (oneDNN's and cuDNN's fast layout)
     attention: Attention = "auto"  # the kernel behind F.scaled_dot_product_attention (sdpa_kernel)
-    backward: Backward = "autograd"  # "mlp": a Linear/ReLU chain's step written out (engine/mlp.py)
+    backward: Backward = "autograd"  # "mlp"/"mlp-cpp": a Linear/ReLU chain's step written out
     max_consecutive_skips: int = 20  # fp16: stop after this many overflow-skipped steps in a row
     stop_on_nonfinite: bool = True  # stop at a NaN/inf loss, naming epoch, step and batch
 
     def problems(self) -> list[str]:
         out = _literal_problems(self, {"precision": Precision, "compile": CompileMode,
                                       "attention": Attention, "backward": Backward})
-        if self.backward == "mlp":
+        if self.backward in ("mlp", "mlp-cpp"):
             clash = {"precision='fp16'": self.precision == "fp16",
                      "cuda_graphs=True": self.cuda_graphs}
-            out += [f"backward='mlp' with {what}: the written-out step runs in fp32 or bf16, "
-                    "without a GradScaler, and is not captured as a CUDA graph. Use "
+            out += [f"backward={self.backward!r} with {what}: the written-out step runs in fp32 "
+                    "or bf16, without a GradScaler, and is not captured as a CUDA graph. Use "
                     f"backward='autograd' for {what}." for what, bad in clash.items() if bad]
+        if self.backward == "mlp-cpp" and self.compile != "off":
+            out.append(f"backward='mlp-cpp' with compile={self.compile!r}: the C++ step is not "
+                       "compiled by torch.compile. Use backward='mlp' to compile the written-out "
+                       "step, or compile='off'.")
         if not _is_int(self.accumulate) or self.accumulate < 1:
             out.append(f"accumulate={self.accumulate!r} is invalid: must be an integer >= 1 "
                        "(1 = an optimizer step per batch).")

@@ -170,13 +170,15 @@ class MLPStep:
     Eagerly (:class:`_InPlace`) the weight gradients are written straight into buffers that stay
     the parameters' ``.grad`` from step to step, and bf16 layers cast their weights into buffers
     of their own: no allocation per step for them, and the same values as a fresh tensor each
-    step. ``compile`` (a ``torch.compile`` mode, or "off") compiles the written-out forward and
+    step. With ``native`` (the C++ op of engine/native.py, ``backward='mlp-cpp'``) that eager
+    step is one C++ call (:class:`_Native`). ``compile`` (a ``torch.compile`` mode, or "off") compiles the written-out forward and
     backward as one functional graph instead (no autograd in it: Inductor fuses the elementwise
     ops and the loss around the matmuls); its numerics are Inductor's, not eager's bit for bit.
     """
 
-    def __init__(self, layers: list[Layer], compile: str = "off") -> None:
-        self.layers, self.mode = layers, compile
+    def __init__(self, layers: list[Layer], compile: str = "off",
+                 native: Callable | None = None) -> None:
+        self.layers, self.mode, self.native = layers, compile, native
         self.width = layers[0].weight.shape[1]
         self.params = [p for layer in layers for p in layer.params]
         self.fn: Callable | None = None  # built at the first call: choose_bf16 may set dtypes
@@ -188,7 +190,9 @@ class MLPStep:
     def __call__(self, x: torch.Tensor, y: torch.Tensor, seed: torch.Tensor,
                  first: bool) -> torch.Tensor:
         if self.fn is None:
-            if self.mode == "off":
+            if self.mode == "off" and self.native is not None:
+                self.fn = _Native(self.layers, self.width, self.native)
+            elif self.mode == "off":
                 self.fn = _InPlace(self.layers, self.width)
             else:
                 self.fn = torch.compile(
@@ -272,6 +276,34 @@ class _InPlace:
             if i:
                 grad = grad.mm(weights[i])
         return loss
+
+
+class _Native(_InPlace):
+    """:class:`_InPlace`'s step as one call of the C++ op ``native`` (engine/mlp_step.cpp,
+    ``backward='mlp-cpp'``): the same ATen calls on the same buffers, without Python between
+    them."""
+
+    def __init__(self, layers: list[Layer], width: int, native: Callable) -> None:
+        super().__init__(layers, width)
+        self.op, none = native, torch.empty(0)
+        self.spec, self.tensors = [], []
+        for lay, w_low, b_low, grads, g_low in self.layers:
+            self.spec += [int(lay.relu), int(w_low is not None), int(lay.bias is not None)]
+            self.tensors += [lay.weight, none if lay.bias is None else lay.bias, grads[0],
+                             grads[1] if len(grads) > 1 else none,
+                             none if w_low is None else w_low, none if b_low is None else b_low,
+                             none if g_low is None else g_low]
+
+    def __call__(self, x: torch.Tensor, y: torch.Tensor, seed: torch.Tensor,
+                 first: bool) -> torch.Tensor:
+        if x.numel() != x.shape[0] * self.width:
+            raise ValueError(f"the batch flattens to {tuple(x.reshape(x.shape[0], -1).shape)}"
+                             f", the first layer takes {self.width} features")
+        if first:
+            for p, g in self.pairs:
+                if p.grad is not g:
+                    p.grad = g
+        return self.op(x, y, seed, first, self.spec, self.tensors)
 
 
 def _weight_grad(grad: torch.Tensor, a: torch.Tensor, into: torch.Tensor,

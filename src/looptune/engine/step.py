@@ -16,6 +16,7 @@ import torch
 
 from looptune.dist import ddp
 from looptune.engine import graphs, mlp
+from looptune.engine import native as native_step
 from looptune.errors import MeasurementError
 from looptune.recipe import CUDA_ONLY_ATTENTION, Decision, StepConfig
 
@@ -98,24 +99,31 @@ class Stepper:
         """Set up ``backward='mlp'`` for batches of ``batch_size`` arriving in ``input_dtype``
         (off the clock: under bf16 it times each layer's matmuls both ways); the decisions say
         what runs and why, or why autograd runs instead."""
-        if self.cfg.backward != "mlp":
+        asked = self.cfg.backward
+        if asked == "autograd":
             return []
         try:
             layers = mlp.plan(self.model, self.loss_fn)
         except mlp.Unsupported as why:
             return [Decision("step.backward", "autograd", reason=(
-                f"backward='mlp' needs a chain of Linear/ReLU layers under cross-entropy: {why}; "
-                "stepped with autograd"))]
-        self._mlp = mlp.MLPStep(layers, compile=self.cfg.compile)
+                f"backward={asked!r} needs a chain of Linear/ReLU layers under cross-entropy: "
+                f"{why}; stepped with autograd"))]
+        native, how = None, ""
+        if asked == "mlp-cpp":
+            native, how = native_step.load_mlp_step()
+        self._mlp = mlp.MLPStep(layers, compile=self.cfg.compile, native=native)
+        ran = asked if native is not None or asked == "mlp" else "mlp"
+        how = (f"; one C++ call per step (engine/mlp_step.cpp, {how})" if native is not None
+               else f"; run from Python instead: {how}" if how else "")
         if self.cfg.precision != "bf16":
-            return [Decision("step.backward", "mlp", reason=(
+            return [Decision("step.backward", ran, reason=(
                 f"{len(layers)} Linear layers under cross-entropy, forward and backward written "
-                "out in fp32 (the same kernels as autograd, no per-step graph)"))]
+                f"out in fp32 (the same kernels as autograd, no per-step graph){how}"))]
         figures = mlp.choose_bf16(layers, batch_size, input_dtype)
-        return [Decision("step.backward", "mlp", reason=(
+        return [Decision("step.backward", ran, reason=(
             f"{len(layers)} Linear layers under cross-entropy, written out; each in bf16 only "
-            f"where its matmuls ran faster that way at batch {batch_size}, timed here: {figures}"
-        ))]
+            f"where its matmuls ran faster that way at batch {batch_size}, timed here: "
+            f"{figures}{how}"))]
 
     def __call__(self, x: torch.Tensor, y: torch.Tensor, *, boundary: bool = False) -> torch.Tensor:
         if self.cfg.channels_last and isinstance(x, torch.Tensor) and x.dim() == 4:

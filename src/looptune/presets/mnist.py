@@ -17,7 +17,9 @@ __all__ = ["RECIPES", "DEFAULT_BENCH"]
 # the first is the plain choice, kept unless another is >= 3% faster
 CPU_CANDIDATES = [Candidate("direct", "fp32", None), Candidate("direct", "fp32", 1),
                   Candidate("direct", "bf16", None), Candidate("fused", "fp32", None),
-                  Candidate("direct", "fp32", None, "mlp"), Candidate("direct", "bf16", None, "mlp")]
+                  Candidate("direct", "fp32", None, "mlp"), Candidate("direct", "bf16", None, "mlp"),
+                  Candidate("direct", "fp32", None, "mlp-cpp"),
+                  Candidate("direct", "bf16", None, "mlp-cpp")]
 
 
 def _mlp_batch(n: int, device):
@@ -34,7 +36,8 @@ def _mlp_batch(n: int, device):
 
 TTA_BATCH = 768  # tta's batch size (see its reasons)
 TTA_CANDIDATES = [Candidate("direct", "fp32", None), Candidate("direct", "bf16", None),
-                  Candidate("direct", "fp32", 1), Candidate("direct", "bf16", None, "mlp")]
+                  Candidate("direct", "fp32", 1), Candidate("direct", "bf16", None, "mlp"),
+                  Candidate("direct", "bf16", None, "mlp-cpp")]
 
 
 def cpu_step_settings(batch_size: int, candidates: list[Candidate] = CPU_CANDIDATES

@@ -45,12 +45,12 @@ class Candidate:
     impl: str = "fused"
     precision: str = "fp32"
     threads: int | None = None  # None: torch's default (one per core this process may use)
-    backward: str = "autograd"  # StepConfig.backward: "mlp" writes a Linear/ReLU chain's step out
+    backward: str = "autograd"  # StepConfig.backward: "mlp"/"mlp-cpp" write a Linear/ReLU chain's step out
 
     @property
     def name(self) -> str:
         threads = "all threads" if self.threads is None else f"{self.threads} thread(s)"
-        mlp = " backward=mlp" if self.backward == "mlp" else ""
+        mlp = f" backward={self.backward}" if self.backward != "autograd" else ""
         return f"{self.impl} {self.precision} {threads}{mlp}"
 
 

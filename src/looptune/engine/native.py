@@ -1,0 +1,62 @@
+"""The C++ step of ``step.backward='mlp-cpp'`` (engine/mlp_step.cpp): built once, loaded once.
+
+The source is compiled with ``torch.utils.cpp_extension.load`` against the installed torch
+(per-operator ATen headers: ~5 s on a 2-core machine) into
+``$XDG_CACHE_HOME/looptune/native/<torch version>-<source hash>/``, so a later run (or another
+rank: torch's build takes a file lock) only loads the library. The build needs a C++ compiler
+and ninja (as ``torch.compile`` on a CPU does); where it fails, :func:`load_mlp_step` says why
+and the engine runs the same step from Python (``backward='mlp'``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+__all__ = ["SOURCE", "build_dir", "load_mlp_step"]
+
+SOURCE = Path(__file__).with_name("mlp_step.cpp")
+_loaded: dict[str, Callable] = {}  # once per process: a namespace can be registered only once
+
+
+def build_dir() -> Path:
+    """Where the library is built and cached: ``$LOOPTUNE_NATIVE_DIR`` if set, else
+    ``$XDG_CACHE_HOME/looptune/native`` (``~/.cache`` without XDG), one folder per torch
+    version, Python version and source."""
+    root = os.environ.get("LOOPTUNE_NATIVE_DIR")
+    if not root:
+        xdg = os.environ.get("XDG_CACHE_HOME")
+        root = str((Path(xdg) if xdg else Path.home() / ".cache") / "looptune" / "native")
+    digest = hashlib.sha256(SOURCE.read_bytes()).hexdigest()[:12]
+    tag = f"torch{torch.__version__}-py{sys.version_info[0]}{sys.version_info[1]}-{digest}"
+    return Path(root) / tag.replace("+", "_")
+
+
+def load_mlp_step() -> tuple[Callable | None, str]:
+    """``(torch.ops.looptune_mlp.step, how it was had)``, or ``(None, why not)``."""
+    if "step" in _loaded:
+        return _loaded["step"], "loaded earlier in this process"
+    where = build_dir()
+    built = (where / "looptune_mlp.so").exists()
+    t0 = time.perf_counter()
+    try:
+        from torch.utils import cpp_extension
+
+        where.mkdir(parents=True, exist_ok=True)
+        cpp_extension.load(name="looptune_mlp", sources=[str(SOURCE)], build_directory=str(where),
+                           extra_cflags=["-O2"], is_python_module=False, verbose=False)
+        op = torch.ops.looptune_mlp.step
+    except Exception as err:  # no compiler or ninja, a read-only cache, headers that differ
+        first = str(err).strip().splitlines()[0][:200] if str(err).strip() else ""
+        return None, (f"the C++ step could not be built in {where} ({type(err).__name__}: "
+                      f"{first}); a C++ compiler and ninja are needed (as for torch.compile "
+                      "on a CPU)")
+    _loaded["step"] = op
+    verb = "loaded from" if built else "built in"
+    return op, f"{verb} {where} in {time.perf_counter() - t0:.1f} s"
