@@ -337,8 +337,11 @@ class DeviceSource:
         if self.ready and self.world == 1:
             # float32 rows: an epoch gather would move 4x the uint8 bytes; a batch's gather of
             # ready rows is one small index_select per step (and needs no conversion after it)
+            # (the labels, 8 bytes a sample, are gathered for the whole epoch at once)
             index = epoch_permutation(self.n, seed=self.seed, epoch=epoch).to(self.images.device)
-            return self._gathered(index.split(self.cfg.batch_size)[start: len(self)])
+            size = self.cfg.batch_size
+            return self._gathered(index.split(size)[start: len(self)],
+                                  self.labels.index_select(0, index).split(size)[start: len(self)])
         if self.world == 1:  # the whole permutation, cut in batch_size slices
             index, sizes = epoch_permutation(self.n, seed=self.seed, epoch=epoch), self.cfg.batch_size
         else:
@@ -357,10 +360,11 @@ class DeviceSource:
         return batch_indices(self.n, self.cfg.batch_size, seed=self.seed, epoch=epoch, i=i,
                              drop_last=self.cfg.drop_last, rank=self.rank, world=self.world)
 
-    def _gathered(self, chunks: Sequence[torch.Tensor]) -> Iterator[Batch]:
-        images, labels = self.images, self.labels
-        for index in chunks:
-            yield images.index_select(0, index), labels.index_select(0, index)
+    def _gathered(self, chunks: Sequence[torch.Tensor],
+                  labels: Sequence[torch.Tensor]) -> Iterator[Batch]:
+        images = self.images
+        for index, y in zip(chunks, labels):
+            yield images.index_select(0, index), y
 
     def to_device(self, x: torch.Tensor, y: torch.Tensor) -> Batch:
         if self.ready:
