@@ -9,7 +9,9 @@
 * the whole step (forward, backward, update) through the engine's Stepper: autograd vs
   ``step.backward='mlp'`` (engine/mlp.py), in fp32 (the same weights bit for bit) and in bf16
   (autocast vs each layer in bf16 only where its matmuls measured faster; the input stored in
-  bf16, as ``loader.store='autocast'`` keeps it).
+  bf16, as ``loader.store='autocast'`` keeps it);
+* the written-out step from Python (``backward='mlp'``) vs as one C++ call
+  (``backward='mlp-cpp'``, engine/mlp_step.cpp; the same kernels, bit for bit), fp32 and bf16.
 
 Each pair runs interleaved, ``--rounds`` rounds of about ``--round-s`` seconds each; medians.
 
@@ -94,15 +96,15 @@ def _backward_pair():
     return {"fwd+bwd: loss.backward()": plain, "fwd+bwd: direct engine call": engine}
 
 
-def _mlp_pair(precision: str):
+def _mlp_pair(precision: str, backwards: tuple[str, str] = ("autograd", "mlp")):
     from looptune.engine.step import Stepper
     from looptune.recipe import StepConfig
 
     gen = torch.Generator().manual_seed(0)
     dtype = torch.bfloat16 if precision == "bf16" else torch.float32
     x, y = torch.randn(64, 1, 28, 28, generator=gen).to(dtype), torch.randint(0, 10, (64,))
-    out = {}
-    for backward in ("autograd", "mlp"):
+    out, steps = {}, []
+    for backward in backwards:
         torch.manual_seed(0)
         model = SimpleFeedForwardNN()
         opt, _ = build_optimizer(model.parameters(), OptimConfig(impl="direct"), device="cpu")
@@ -110,6 +112,10 @@ def _mlp_pair(precision: str):
                        cfg=StepConfig(precision=precision, backward=backward),
                        device=torch.device("cpu"))
         step.prepare(64, dtype)
+        if step._mlp is not None and steps and steps[0]._mlp is not None:  # the same layers in
+            for mine, theirs in zip(step._mlp.layers, steps[0]._mlp.layers):  # bf16 as the
+                mine.bf16 = theirs.bf16  # first's (each prepare times its own choice)
+        steps.append(step)
         out[f"step {precision}: backward={backward}"] = lambda step=step: step(x, y)
     return out
 
@@ -140,7 +146,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads; medians of {rounds} "
           "interleaved rounds")
     for pair in (_update_pair(), _backward_pair(), _batch_pair(), _mlp_pair("fp32"),
-                 _mlp_pair("bf16")):
+                 _mlp_pair("bf16"), _mlp_pair("fp32", ("mlp", "mlp-cpp")),
+                 _mlp_pair("bf16", ("mlp", "mlp-cpp"))):
         (a, ta), (b, tb) = ab(pair, rounds, round_s).items()
         print(f"  {a:<34} {ta * 1e6:8.1f} us")
         print(f"  {b:<34} {tb * 1e6:8.1f} us   ({ta / tb:.2f}x)")

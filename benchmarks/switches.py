@@ -37,6 +37,8 @@ SWITCHES = [
     ("normalize=once", ["loader.normalize=once"], ("cpu", "cuda")),
     ("backward=mlp", ["step.backward=mlp"], ("cpu", "cuda")),
     ("backward=mlp+bf16", ["step.backward=mlp", "step.precision=bf16"], ("cpu", "cuda")),
+    ("backward=mlp-cpp", ["step.backward=mlp-cpp"], ("cpu", "cuda")),
+    ("backward=mlp-cpp+bf16", ["step.backward=mlp-cpp", "step.precision=bf16"], ("cpu", "cuda")),
     ("cpu_threads=1", ["cpu_threads=1"], ("cpu",)),
     ("compile=default", ["step.compile=default"], ("cpu", "cuda")),
     ("compile=reduce-overhead", ["step.compile=reduce-overhead"], ("cuda",)),
