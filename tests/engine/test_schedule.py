@@ -1,9 +1,11 @@
+import functools
 import io
 import math
 
 import pytest
 import torch
 
+from looptune.engine import schedule
 from looptune.engine.schedule import build_scheduler, lr_factor
 from looptune.errors import ConfigError
 from looptune.recipe import ScheduleConfig
@@ -199,3 +201,25 @@ def test_cosine_formula():
         t = step / TOTAL
         expected = 0.25 + 0.75 * 0.5 * (1 + math.cos(math.pi * t))
         assert lr_factor(step, total_steps=TOTAL, cfg=cfg) == pytest.approx(expected)
+
+
+@pytest.mark.parametrize("name", ["constant", "cosine", "onecycle", "cyclic", "step"])
+def test_the_lean_step_sets_lambdalr_s_values(name):
+    """FactorLR.step() skips LRScheduler's per-call machinery: the same lr, step by step."""
+    cfg = ScheduleConfig(name=name, warmup_steps=3, min_lr_fraction=0.1, cycle_steps=8,
+                         step_size=5, gamma=0.5)
+    lrs = []
+    for cls in (torch.optim.lr_scheduler.LambdaLR, None):
+        opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(2))], lr=0.3)
+        if cls is None:
+            sched = build_scheduler(opt, cfg, total_steps=40)
+        else:
+            sched = cls(opt, lr_lambda=functools.partial(schedule._factor, total_steps=40,
+                                                         cfg=cfg))
+        seen = []
+        for _ in range(45):
+            opt.step()
+            sched.step()
+            seen.append((opt.param_groups[0]["lr"], sched.get_last_lr()[0], sched.last_epoch))
+        lrs.append(seen)
+    assert lrs[0] == lrs[1]
