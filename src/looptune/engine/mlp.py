@@ -33,6 +33,7 @@ one graph; a failed compile falls back to the eager one with the reason.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -182,6 +183,21 @@ class MLPStep:
         self.width = layers[0].weight.shape[1]
         self.params = [p for layer in layers for p in layer.params]
         self.fn: Callable | None = None  # built at the first call: choose_bf16 may set dtypes
+
+    def warm_up(self, batch_size: int, input_dtype: torch.dtype) -> float:
+        """Run the eager step once on a zero batch (at setup, off the clock): oneDNN creates
+        its bf16 kernels at their first call (~1.5-3 ms on a 2-core CPU). Only the gradient
+        buffers are written, and the first training step overwrites them. Seconds taken."""
+        if self.mode != "off":
+            return 0.0  # a compiled step compiles at its first call, timed as compile time
+        device = self.layers[0].weight.device
+        t0 = time.perf_counter()
+        self(torch.zeros(batch_size, self.width, dtype=input_dtype, device=device),
+             torch.zeros(batch_size, dtype=torch.long, device=device),
+             torch.ones((), device=device), first=True)
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)  # sync: once, at setup
+        return time.perf_counter() - t0
 
     def use_eager(self) -> None:
         """Drop the compiled graph (it failed to compile): the eager function from now on."""

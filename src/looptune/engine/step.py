@@ -116,14 +116,16 @@ class Stepper:
         how = (f"; one C++ call per step (engine/mlp_step.cpp, {how})" if native is not None
                else f"; run from Python instead: {how}" if how else "")
         if self.cfg.precision != "bf16":
-            return [Decision("step.backward", ran, reason=(
-                f"{len(layers)} Linear layers under cross-entropy, forward and backward written "
-                f"out in fp32 (the same kernels as autograd, no per-step graph){how}"))]
-        figures = mlp.choose_bf16(layers, batch_size, input_dtype)
+            what = ("forward and backward written out in fp32 (the same kernels as autograd, "
+                    "no per-step graph)")
+        else:
+            what = ("written out; each in bf16 only where its matmuls ran faster that way at "
+                    f"batch {batch_size}, timed here: "
+                    f"{mlp.choose_bf16(layers, batch_size, input_dtype)}")
+        warm = self._mlp.warm_up(batch_size, input_dtype)
+        warmed = f"; its kernels created at setup ({warm * 1e3:.1f} ms, off the clock)" if warm else ""
         return [Decision("step.backward", ran, reason=(
-            f"{len(layers)} Linear layers under cross-entropy, written out; each in bf16 only "
-            f"where its matmuls ran faster that way at batch {batch_size}, timed here: "
-            f"{figures}{how}"))]
+            f"{len(layers)} Linear layers under cross-entropy, {what}{how}{warmed}"))]
 
     def __call__(self, x: torch.Tensor, y: torch.Tensor, *, boundary: bool = False) -> torch.Tensor:
         if self.cfg.channels_last and isinstance(x, torch.Tensor) and x.dim() == 4:
