@@ -53,6 +53,28 @@ def test_a_taken_core_moves_the_run_to_one_thread_and_a_free_one_back():
     assert "2 thread(s):" in reason and "1 thread(s):" in reason and "ended at 2" in reason
 
 
+@pytest.mark.parametrize("cost, start_at", [({2: 380e-6, 1: 300e-6}, 1),  # a slow phase now
+                                             ({2: 250e-6, 1: 300e-6}, 2),  # quiet
+                                             ({2: 300e-6, 1: 290e-6}, 2)])  # within the margin
+def test_the_start_is_timed_at_setup(cost, start_at):
+    m = _Machine(cost)
+
+    def call():  # a forward+backward on a zero batch: its cost follows the thread count
+        m.now += m.cost[m.threads]
+
+    gov = _governor(m)
+    gov.calibrate(call)
+    assert gov.current == start_at and m.threads == start_at
+    assert sorted(gov.calibrated) == [1, 2] and gov.calibrated[2] == pytest.approx(cost[2])
+    assert bool(gov.switches) == (start_at != 2)
+    reason = gov.decision().reason
+    assert "set-up timing per forward+backward: 2 thread(s)" in reason
+    if start_at == 1:
+        assert "2 -> 1 threads at setup (380 -> 300 us" in reason
+    m.run(gov, 2000)  # the windows go on from the chosen count
+    assert gov.per_step[start_at]
+
+
 def test_explorations_that_do_not_pay_get_rarer_and_cost_little():
     m = _Machine({2: 250e-6, 1: 300e-6})
     gov = _governor(m)
@@ -130,6 +152,7 @@ def test_a_run_beside_a_busy_process_moves_to_fewer_threads():
     (reason,) = [d["reason"] for d in run.decisions
                  if d["name"] == "thread_policy" and "timed in windows" in d["reason"]]
     assert "switched" in reason and "-> 1 threads" in reason, reason
+    assert "set-up timing per forward+backward" in reason  # fast's written-out step is timed
 
 
 def test_the_decision_carries_its_figures_and_benchmarks_summarize_them():

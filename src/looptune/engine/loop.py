@@ -96,7 +96,7 @@ def train(*, model: torch.nn.Module, source: BatchSource, recipe: Recipe, loss_f
         decisions += run.stepper.prepare(recipe.loader.batch_size, images.dtype if isinstance(
             images, torch.Tensor) and images.is_floating_point() else torch.float32)
         run.threads, off = governor_for(recipe.thread_policy, recipe.cpu_threads, device,
-                                        run.ctx.world_size)
+                                        run.ctx.world_size, calibrate=run.stepper.idle_call)
         decisions += [off] if off is not None else []
         run.memory.start()
         for epoch in range(run.state.epoch, options.epochs):

@@ -183,6 +183,7 @@ class MLPStep:
         self.width = layers[0].weight.shape[1]
         self.params = [p for layer in layers for p in layer.params]
         self.fn: Callable | None = None  # built at the first call: choose_bf16 may set dtypes
+        self.idle_call: Callable[[], object] | None = None  # warm_up's step on a zero batch
 
     def warm_up(self, batch_size: int, input_dtype: torch.dtype) -> float:
         """Run the eager step once on a zero batch (at setup, off the clock): oneDNN creates
@@ -191,10 +192,12 @@ class MLPStep:
         if self.mode != "off":
             return 0.0  # a compiled step compiles at its first call, timed as compile time
         device = self.layers[0].weight.device
+        batch = (torch.zeros(batch_size, self.width, dtype=input_dtype, device=device),
+                 torch.zeros(batch_size, dtype=torch.long, device=device),
+                 torch.ones((), device=device))
+        self.idle_call = lambda: self(*batch, first=True)
         t0 = time.perf_counter()
-        self(torch.zeros(batch_size, self.width, dtype=input_dtype, device=device),
-             torch.zeros(batch_size, dtype=torch.long, device=device),
-             torch.ones((), device=device), first=True)
+        self.idle_call()
         if device.type == "cuda":
             torch.cuda.synchronize(device)  # sync: once, at setup
         return time.perf_counter() - t0

@@ -127,6 +127,13 @@ class Stepper:
         return [Decision("step.backward", ran, reason=(
             f"{len(layers)} Linear layers under cross-entropy, {what}{how}{warmed}"))]
 
+    @property
+    def idle_call(self) -> Callable[[], object] | None:
+        """A forward+backward that changes nothing a run keeps (the written-out step on a zero
+        batch: only its gradient buffers, which the next step overwrites), for timing at
+        setup; None for an autograd step."""
+        return self._mlp.idle_call if self._mlp is not None else None
+
     def __call__(self, x: torch.Tensor, y: torch.Tensor, *, boundary: bool = False) -> torch.Tensor:
         if self.cfg.channels_last and isinstance(x, torch.Tensor) and x.dim() == 4:
             x = x.contiguous(memory_format=torch.channels_last)

@@ -48,6 +48,7 @@ MARGIN = 0.05  # another count must be at least 5% faster per step to take over
 JUMP = 1.25  # a window this much slower than the recent ones explores at once
 RECENT = 3  # windows whose median stands for the current count
 KEEP = 2000  # windows kept per count for the summary (a long run keeps its last ones)
+CALIBRATE_ROUNDS, CALIBRATE_S = 3, 0.004  # set-up timing of the start count (calibrate())
 
 
 def candidates_for(cores: int) -> list[int]:
@@ -81,12 +82,40 @@ class ThreadGovernor:
     _steps: int = 0
     _total: int = 0  # steps since the start (for the switches' record)
     _t0: float = 0.0
+    calibrated: dict[int, float] = field(default_factory=dict)  # set-up timing, s per call
 
     def __post_init__(self) -> None:
         self.current = self.start
         self.per_step = {c: deque(maxlen=KEEP) for c in self.candidates}
         self.windows = {c: 0 for c in self.candidates}
         self.set_threads(self.start)
+        self.new_window()
+
+    def calibrate(self, call: Callable[[], object], rounds: int = CALIBRATE_ROUNDS,
+                  round_s: float = CALIBRATE_S) -> None:
+        """Pick the starting count from ``call`` (a step's forward and backward that changes
+        nothing the run keeps), timed at every candidate count in interleaved rounds at setup,
+        before the clock starts: a run that begins in a slow phase starts at the count that
+        is fast now instead of finding it after its first windows. The start moves only when
+        another count is ``MARGIN`` faster."""
+        times: dict[int, list[float]] = {c: [] for c in self.candidates}
+        for _ in range(rounds):
+            for c in self.candidates:
+                self.set_threads(c)
+                call()  # the first call after a change pays the thread pool's wake-up
+                t0, n = self.clock(), 0
+                while (elapsed := self.clock() - t0) < round_s or n < 2:
+                    call()
+                    n += 1
+                times[c].append(elapsed / n)
+        self.calibrated = {c: statistics.median(v) for c, v in times.items()}
+        best = min(self.calibrated, key=self.calibrated.__getitem__)
+        if self.calibrated[best] <= (1 - MARGIN) * self.calibrated[self.start]:
+            self.current = best
+            self.switches.append(f"{self.start} -> {best} threads at setup ("
+                                 f"{self.calibrated[self.start] * 1e6:.0f} -> "
+                                 f"{self.calibrated[best] * 1e6:.0f} us per forward+backward)")
+        self.set_threads(self.current)
         self.new_window()
 
     def new_window(self) -> None:
@@ -153,8 +182,11 @@ class ThreadGovernor:
         moves = ("; switched " + "; ".join(self.switches[:6])
                  + (f" and {len(self.switches) - 6} more" if len(self.switches) > 6 else "")
                  if self.switches else "; no switch paid")
+        setup = (" (set-up timing per forward+backward: " + ", ".join(
+            f"{c} thread(s) {t * 1e6:.0f} us" for c, t in self.calibrated.items()) + ")"
+            if self.calibrated else "")
         return Decision("thread_policy", "adaptive", reason=(
-            f"intra-op threads among {self.candidates}, started at {self.start}, timed in "
+            f"intra-op threads among {self.candidates}, started at {self.start}{setup}, timed in "
             f"windows of >= {self.window_s * 1e3:.0f} ms: " + ", ".join(parts or ["no window"])
             + moves + f"; ended at {self.current}"), evidence={
                 "switches": len(self.switches), "ended_at": self.current, "windows": {
@@ -163,9 +195,11 @@ class ThreadGovernor:
                                        for c, v in self.per_step.items() if v}})
 
 
-def governor_for(policy: str, threads: int | None, device: torch.device,
-                 world_size: int) -> tuple[ThreadGovernor | None, Decision | None]:
-    """The governor for a run (None with the reason when adaptive threads cannot apply)."""
+def governor_for(policy: str, threads: int | None, device: torch.device, world_size: int,
+                 calibrate: Callable[[], object] | None = None
+                 ) -> tuple[ThreadGovernor | None, Decision | None]:
+    """The governor for a run (None with the reason when adaptive threads cannot apply);
+    with ``calibrate`` (see :meth:`ThreadGovernor.calibrate`) its start is timed at setup."""
     if policy != "adaptive":
         return None, None
     if device.type != "cpu":
@@ -183,7 +217,10 @@ def governor_for(policy: str, threads: int | None, device: torch.device,
     start = threads if threads is not None else torch.get_num_threads()
     if start not in choices:
         choices = sorted({*choices, start}, reverse=True)
-    return ThreadGovernor(candidates=choices, start=start), None
+    governor = ThreadGovernor(candidates=choices, start=start)
+    if calibrate is not None:
+        governor.calibrate(calibrate)
+    return governor, None
 
 
 def _usable_cores() -> int:
