@@ -149,10 +149,15 @@ def test_a_run_beside_a_busy_process_moves_to_fewer_threads():
     with busy_processes(1, seconds=60):
         run = looptune.bench(recipes=[recipe], epochs=1).runs[0]
     assert torch.get_num_threads() == before  # the run's switches are not left behind
-    (reason,) = [d["reason"] for d in run.decisions
-                 if d["name"] == "thread_policy" and "timed in windows" in d["reason"]]
-    assert "switched" in reason and "-> 1 threads" in reason, reason
+    ((reason, ev),) = [(d["reason"], d["evidence"]) for d in run.decisions
+                       if d["name"] == "thread_policy" and "timed in windows" in d["reason"]]
     assert "set-up timing per forward+backward" in reason  # fast's written-out step is timed
+    per_step = ev["median_us_per_step"]
+    assert "1" in per_step, reason  # one thread was run
+    if ev["ended_at"] == 1:  # the usual outcome: the busy process took a core
+        assert "switched" in reason and "-> 1 threads" in reason, reason
+    else:  # this VM sometimes runs one thread slower still beside it: then staying was right
+        assert per_step["1"] > (1 - T.MARGIN) * per_step["2"], reason
 
 
 def test_the_decision_carries_its_figures_and_benchmarks_summarize_them():
