@@ -172,9 +172,10 @@ class MLPStep:
     the parameters' ``.grad`` from step to step, and bf16 layers cast their weights into buffers
     of their own: no allocation per step for them, and the same values as a fresh tensor each
     step. With ``native`` (the C++ op of engine/native.py, ``backward='mlp-cpp'``) that eager
-    step is one C++ call (:class:`_Native`). ``compile`` (a ``torch.compile`` mode, or "off") compiles the written-out forward and
-    backward as one functional graph instead (no autograd in it: Inductor fuses the elementwise
-    ops and the loss around the matmuls); its numerics are Inductor's, not eager's bit for bit.
+    step is one C++ call (:class:`_Native`). ``compile`` (a ``torch.compile`` mode, or "off")
+    compiles the written-out forward and backward as one functional graph instead (no autograd
+    in it: Inductor fuses the elementwise ops and the loss around the matmuls); its numerics are
+    Inductor's, not eager's bit for bit.
     """
 
     def __init__(self, layers: list[Layer], compile: str = "off",

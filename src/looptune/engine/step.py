@@ -123,7 +123,8 @@ class Stepper:
                     f"batch {batch_size}, timed here: "
                     f"{mlp.choose_bf16(layers, batch_size, input_dtype)}")
         warm = self._mlp.warm_up(batch_size, input_dtype)
-        warmed = f"; its kernels created at setup ({warm * 1e3:.1f} ms, off the clock)" if warm else ""
+        warmed = (f"; its kernels created at setup ({warm * 1e3:.1f} ms, off the clock)"
+                  if warm else "")
         return [Decision("step.backward", ran, reason=(
             f"{len(layers)} Linear layers under cross-entropy, {what}{how}{warmed}"))]
 

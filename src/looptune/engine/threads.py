@@ -11,8 +11,10 @@ The governor times the training loop in short windows (at least ``WINDOW_S`` and
 steps, wall clock: on a CPU the step is synchronous; the run's first window, with its first-step
 allocations, is dropped) and now and then runs one window on another
 thread count; it moves to that count when the window ran at least ``MARGIN`` faster per step than
-the median of the last windows at the current one. It explores after the first two windows (a
-short run must find a slow phase early), then after ``EXPLORE_EVERY`` windows, twice as many
+the median of the last windows at the current one. Where the step has a call that changes
+nothing the run keeps (the written-out MLP step on a zero batch), the start count is first timed
+against the others at setup (:meth:`ThreadGovernor.calibrate`). It explores after the first two
+windows (a short run must find a slow phase early), then after ``EXPLORE_EVERY`` windows, twice as many
 after each exploration that did not pay (up to ``MAX_EVERY``), and at once when a window runs
 ``JUMP`` slower than the ones before it (the machine changed). An exploring window is short
 (``EXPLORE_S``): in a quiet phase the cost is those windows only, each ~20% slower on that VM,

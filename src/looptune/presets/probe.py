@@ -45,7 +45,7 @@ class Candidate:
     impl: str = "fused"
     precision: str = "fp32"
     threads: int | None = None  # None: torch's default (one per core this process may use)
-    backward: str = "autograd"  # StepConfig.backward: "mlp"/"mlp-cpp" write a Linear/ReLU chain's step out
+    backward: str = "autograd"  # StepConfig.backward ("mlp", "mlp-cpp": written-out MLP steps)
 
     @property
     def name(self) -> str:
