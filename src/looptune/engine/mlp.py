@@ -254,16 +254,20 @@ class _InPlace:
         self.pairs = [(p, g) for lay, *_, grads, _ in self.layers
                       for p, g in zip(lay.params, grads)]
 
-    def __call__(self, x: torch.Tensor, y: torch.Tensor, seed: torch.Tensor,
-                 first: bool) -> torch.Tensor:
-        a = x.reshape(x.shape[0], -1)
-        if a.shape[1] != self.width:
-            raise ValueError(f"the batch flattens to {tuple(a.shape)}, the first layer takes "
-                             f"{self.width} features")
+    def begin(self, x: torch.Tensor, first: bool) -> None:
+        """Check the batch's width; at a ``first`` step point every ``.grad`` at its buffer."""
+        if x.numel() != x.shape[0] * self.width:
+            raise ValueError(f"the batch flattens to {tuple(x.reshape(x.shape[0], -1).shape)}"
+                             f", the first layer takes {self.width} features")
         if first:
             for p, g in self.pairs:
                 if p.grad is not g:
                     p.grad = g
+
+    def __call__(self, x: torch.Tensor, y: torch.Tensor, seed: torch.Tensor,
+                 first: bool) -> torch.Tensor:
+        self.begin(x, first)
+        a = x.reshape(x.shape[0], -1)
         inputs, weights, acts = [], [], []  # what the backward reads
         for lay, w_low, b_low, _, _ in self.layers:
             w, b = lay.weight, lay.bias
@@ -316,13 +320,7 @@ class _Native(_InPlace):
 
     def __call__(self, x: torch.Tensor, y: torch.Tensor, seed: torch.Tensor,
                  first: bool) -> torch.Tensor:
-        if x.numel() != x.shape[0] * self.width:
-            raise ValueError(f"the batch flattens to {tuple(x.reshape(x.shape[0], -1).shape)}"
-                             f", the first layer takes {self.width} features")
-        if first:
-            for p, g in self.pairs:
-                if p.grad is not g:
-                    p.grad = g
+        self.begin(x, first)
         return self.op(x, y, seed, first, self.spec, self.tensors)
 
 
