@@ -4,7 +4,7 @@ import pytest
 
 from looptune.errors import ConfigError
 from looptune.presets import RECIPES, get_recipe, parse_recipes
-from looptune.recipe import LoaderConfig, OptimConfig, Recipe
+from looptune.recipe import LoaderConfig, OptimConfig, Recipe, StepConfig
 from looptune.resolve import resolve
 
 
@@ -98,3 +98,12 @@ def test_recipe_is_frozen_and_serializable():
         r.name = "x"  # type: ignore[misc]
     d = r.to_dict()
     assert d["loader"]["strategy"] == "device" and d["optim"]["lr"] == 1e-3
+
+
+def test_a_bad_choice_names_the_allowed_values_and_the_fix():
+    close = StepConfig(backward="mlpcpp").problems()
+    assert any("backward='mlpcpp' is invalid: allowed values are 'autograd', 'mlp', 'mlp-cpp'; "
+               "did you mean backward='mlp-cpp'?" in p for p in close)
+    far = StepConfig(precision="int8").problems()
+    assert any("precision='int8' is invalid" in p and "set precision to one of them" in p
+               for p in far)

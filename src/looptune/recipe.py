@@ -8,6 +8,7 @@ will run on and records the reason for every change it makes, so nothing is sile
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import math
 import types
 import typing
@@ -293,8 +294,11 @@ def _literal_problems(obj: Any, fields: dict[str, Any]) -> list[str]:
     for name, literal in fields.items():
         value, allowed = getattr(obj, name), get_args(literal)
         if value not in allowed:
+            close = difflib.get_close_matches(str(value), [str(a) for a in allowed], n=1)
+            fix = (f"did you mean {name}={close[0]!r}?" if close
+                   else f"set {name} to one of them.")
             out.append(f"{name}={value!r} is invalid: allowed values are "
-                       f"{', '.join(map(repr, allowed))}.")
+                       f"{', '.join(map(repr, allowed))}; {fix}")
     return out
 
 
