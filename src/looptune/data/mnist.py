@@ -27,6 +27,7 @@ from typing import Callable, Literal, Mapping, Sequence, Union, get_args
 import numpy as np
 import torch
 
+from looptune._paths import cache_root
 from looptune.data import fetch, idx
 from looptune.errors import ConfigError, DataError
 
@@ -66,8 +67,7 @@ _FIX = ("Fix: pass --data DIR (data_dir=DIR) with a folder holding the four file
 
 def cache_dir() -> Path:
     """The user cache folder for MNIST: ``$XDG_CACHE_HOME/looptune/mnist`` or ``~/.cache/...``."""
-    xdg = os.environ.get("XDG_CACHE_HOME")
-    return (Path(xdg) if xdg else Path.home() / ".cache") / "looptune" / "mnist"
+    return cache_root() / "mnist"
 
 
 def locate(data_dir: PathLike | None = None) -> Path:

@@ -19,6 +19,8 @@ from pathlib import Path
 
 import torch
 
+from looptune._paths import cache_root
+
 __all__ = ["SOURCE", "build_dir", "load_mlp_step"]
 
 SOURCE = Path(__file__).with_name("mlp_step.cpp")
@@ -29,10 +31,7 @@ def build_dir() -> Path:
     """Where the library is built and cached: ``$LOOPTUNE_NATIVE_DIR`` if set, else
     ``$XDG_CACHE_HOME/looptune/native`` (``~/.cache`` without XDG), one folder per torch
     version, Python version and source."""
-    root = os.environ.get("LOOPTUNE_NATIVE_DIR")
-    if not root:
-        xdg = os.environ.get("XDG_CACHE_HOME")
-        root = str((Path(xdg) if xdg else Path.home() / ".cache") / "looptune" / "native")
+    root = os.environ.get("LOOPTUNE_NATIVE_DIR") or cache_root() / "native"
     digest = hashlib.sha256(SOURCE.read_bytes()).hexdigest()[:12]
     tag = f"torch{torch.__version__}-py{sys.version_info[0]}{sys.version_info[1]}-{digest}"
     return Path(root) / tag.replace("+", "_")

@@ -23,6 +23,7 @@ from typing import Any
 
 import torch
 
+from looptune._paths import cache_root
 from looptune._io import atomic_write_text
 from looptune.errors import ConfigError
 from looptune.measure.provenance import cpu_name
@@ -76,8 +77,7 @@ def cache_path() -> Path:
     """``$LOOPTUNE_PROBE_CACHE`` if set, else ``$XDG_CACHE_HOME/looptune/probes.json``."""
     if os.environ.get("LOOPTUNE_PROBE_CACHE"):
         return Path(os.environ["LOOPTUNE_PROBE_CACHE"])
-    xdg = os.environ.get("XDG_CACHE_HOME")
-    return (Path(xdg) if xdg else Path.home() / ".cache") / "looptune" / "probes.json"
+    return cache_root() / "probes.json"
 
 
 def _usable_cores() -> int:
