@@ -109,3 +109,23 @@ def test_cpp_with_compile_or_fp16_is_refused_before_training():
     assert any("backward='mlp-cpp' with precision='fp16'" in p
                for p in StepConfig(backward="mlp-cpp", precision="fp16").problems())
     assert not StepConfig(backward="mlp-cpp", precision="bf16").problems()
+
+
+def test_a_cached_library_that_does_not_load_is_built_again(op, monkeypatch, tmp_path):
+    from torch.utils import cpp_extension
+
+    monkeypatch.setenv("LOOPTUNE_NATIVE_DIR", str(tmp_path))
+    monkeypatch.setattr(native, "_loaded", {})
+    where = native.build_dir()
+    where.mkdir(parents=True)
+    (where / "looptune_mlp.so").write_bytes(b"cut short")  # a build killed mid-link
+    calls = []
+
+    def load(**kwargs):  # stands in for the compiler; the op is registered in this process
+        calls.append((where / "looptune_mlp.so").exists())
+        if calls[-1]:
+            raise OSError(f"{where}/looptune_mlp.so: file too short")
+
+    monkeypatch.setattr(cpp_extension, "load", load)
+    got, how = native.load_mlp_step()
+    assert got is op and calls == [True, False] and how.startswith("built in")

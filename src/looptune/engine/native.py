@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import shutil
 import sys
 import time
 from collections.abc import Callable
@@ -38,24 +39,39 @@ def build_dir() -> Path:
 
 
 def load_mlp_step() -> tuple[Callable | None, str]:
-    """``(torch.ops.looptune_mlp.step, how it was had)``, or ``(None, why not)``."""
+    """``(torch.ops.looptune_mlp.step, how it was had)``, or ``(None, why not)``. A cached
+    library that does not load (a build cut short, another toolchain) is removed and built
+    once more."""
     if "step" in _loaded:
         return _loaded["step"], "loaded earlier in this process"
     where = build_dir()
     built = (where / "looptune_mlp.so").exists()
     t0 = time.perf_counter()
     try:
-        from torch.utils import cpp_extension
-
-        where.mkdir(parents=True, exist_ok=True)
-        cpp_extension.load(name="looptune_mlp", sources=[str(SOURCE)], build_directory=str(where),
-                           extra_cflags=["-O2"], is_python_module=False, verbose=False)
-        op = torch.ops.looptune_mlp.step
+        op = _build(where)
     except Exception as err:  # no compiler or ninja, a read-only cache, headers that differ
-        first = str(err).strip().splitlines()[0][:200] if str(err).strip() else ""
-        return None, (f"the C++ step could not be built in {where} ({type(err).__name__}: "
-                      f"{first}); a C++ compiler and ninja are needed (as for torch.compile "
-                      "on a CPU)")
+        if not built:
+            return None, _why(where, err)
+        shutil.rmtree(where, ignore_errors=True)
+        try:
+            op, built = _build(where), False
+        except Exception as again:
+            return None, _why(where, again)
     _loaded["step"] = op
     verb = "loaded from" if built else "built in"
     return op, f"{verb} {where} in {time.perf_counter() - t0:.1f} s"
+
+
+def _build(where: Path) -> Callable:
+    from torch.utils import cpp_extension
+
+    where.mkdir(parents=True, exist_ok=True)
+    cpp_extension.load(name="looptune_mlp", sources=[str(SOURCE)], build_directory=str(where),
+                       extra_cflags=["-O2"], is_python_module=False, verbose=False)
+    return torch.ops.looptune_mlp.step
+
+
+def _why(where: Path, err: Exception) -> str:
+    first = str(err).strip().splitlines()[0][:200] if str(err).strip() else ""
+    return (f"the C++ step could not be built in {where} ({type(err).__name__}: {first}); a "
+            "C++ compiler and ninja are needed (as for torch.compile on a CPU)")
