@@ -185,27 +185,89 @@ def _before(batch=64):
     return SimpleNamespace(measurements=SimpleNamespace(loaders=[loader]), step_s=[0.01] * 5)
 
 
-def test_verify_reruns_a_batch_remedy_and_compares_per_sample():
+def test_verify_judges_a_batch_remedy_by_time_to_the_same_loss_not_per_sample():
     batch = Remedy(action="batch_size 64 -> 256 (fewer, larger steps)", expected_speedup=2.6,
                    reason="r", kind="batch")
     other = Remedy(action="DataLoader(num_workers=1)", expected_speedup=1.3, reason="r",
                    kind="loader")
     seen = {}
+    before = _before()
+    before.step_s = [0.01] * 20  # 20 steps of 10 ms, the loss falling 0.05 a step
+    before.losses, before.all_step_s, before.measured_from = (
+        [2.0 - 0.05 * i for i in range(20)], [0.01] * 20, 0)
 
-    def rerun(*, loader_overrides, autocast):
-        seen.update(loader_overrides=loader_overrides, autocast=autocast)
+    def rerun(*, loader_overrides, autocast, seconds=None, **_):
+        seen.update(loader_overrides=loader_overrides, autocast=autocast, seconds=seconds)
         info = SimpleNamespace(batch_size=256)  # the rerun built its DataLoader with batch 256
-        return SimpleNamespace(measurements=SimpleNamespace(loaders=[info]), step_s=[0.036] * 5,
-                               error=None, stopped="steps")
+        # 4x the samples a step: 36 ms a step, the loss falling 0.1 a step (not 0.2)
+        return SimpleNamespace(measurements=SimpleNamespace(loaders=[info]), step_s=[0.036] * 12,
+                               error=None, stopped="seconds", all_step_s=[0.036] * 12,
+                               losses=[2.0 - 0.1 * i for i in range(12)], measured_from=0)
 
-    out = verify_remedy(_verdict(batch, other), _before(), 5, rerun)
-    assert seen == {"loader_overrides": {"batch_size": 256}, "autocast": None}
-    # 10 ms per 64 samples -> 36 ms per 256: 4 x 10 / 36 = 1.11x per sample, far below 2.6x
-    assert out["speedup"] == pytest.approx(40 / 36) and out["per_sample"] is True
+    out = verify_remedy(_verdict(batch, other), before, 20, rerun)
+    # the same wall time as the original's measured steps
+    assert seen == {"loader_overrides": {"batch_size": 256}, "autocast": None,
+                    "seconds": pytest.approx(0.2)}
+    # per sample: 4 x 10 / 36 = 1.11x, context only
+    assert out["per_sample_speedup"] == pytest.approx(40 / 36) and out["per_sample"] is True
+    # to the original's final loss (mean of its last 4 steps, 1.125): 0.20 s vs 12 x 36 ms
+    tl = out["time_to_loss"]
+    assert tl["target_loss"] == pytest.approx(1.125) and tl["before_s"] == pytest.approx(0.2)
+    assert tl["after_s"] == pytest.approx(0.432) and out["speedup"] == pytest.approx(0.2 / 0.432)
+    assert out["changes_training"].startswith("changes the training") and out["loss_parity"] is None
     assert out["top"] and "short of the 2.60x bound" in out["short"]
     ranked = apply_measured([batch, other], out)
     assert [r.kind for r in ranked] == ["loader", "batch"]  # ranked by what it measured
-    assert ranked[1].measured_speedup == 1.11
+    assert ranked[1].measured_speedup == 0.46
+
+
+def test_verify_flags_a_rerun_that_stopped_learning_and_never_counts_its_speedup():
+    bf16 = Remedy(action="bf16 autocast around each forward: with torch.autocast('cpu', "
+                         "dtype=torch.bfloat16): loss = loss_fn(model(x), y)",
+                  expected_speedup=1.5, reason="r", kind="precision")
+    other = Remedy(action="DataLoader(num_workers=1)", expected_speedup=1.2, reason="r",
+                   kind="loader")
+    before = _before()
+    before.losses = [2.33 - 0.035 * i for i in range(60)]  # 2.33 -> 0.26
+
+    def stuck(**_):  # 1.5x faster per step, and its loss stays where it started
+        return SimpleNamespace(measurements=SimpleNamespace(loaders=[]), step_s=[0.0066] * 5,
+                               error=None, stopped="steps", applied=60,
+                               losses=[2.33 - 0.0003 * i for i in range(60)])
+
+    out = verify_remedy(_verdict(bf16, other), before, 5, stuck)
+    assert out["loss_parity"] is False and out["speedup"] is None
+    assert out["per_step_speedup"] == pytest.approx(10 / 6.6)
+    assert out["changes_training"].startswith("changes the training: loss 2.314 vs 0.4575 at step 60")
+    assert "at step 60" in out["changes_training"]
+    ranked = apply_measured([bf16, other], out)
+    assert [r.kind for r in ranked] == ["loader", "precision"] and ranked[1].loss_parity is False
+    assert ranked[1].measured_speedup is None
+
+    def learns(**_):
+        return SimpleNamespace(measurements=SimpleNamespace(loaders=[]), step_s=[0.0066] * 5,
+                               error=None, stopped="steps", applied=60,
+                               losses=[2.33 - 0.035 * i + 0.01 * (-1) ** i for i in range(60)])
+
+    out = verify_remedy(_verdict(bf16, other), before, 5, learns)
+    assert out["loss_parity"] is True and out["speedup"] == pytest.approx(10 / 6.6)
+    assert apply_measured([bf16, other], out)[0].loss_parity is True
+
+
+def test_verify_applies_the_optimizer_remedy_through_its_constructor_arguments():
+    fused = Remedy(action="torch.optim.AdamW(..., fused=True)", expected_speedup=1.3, reason="r",
+                   kind="optimizer")
+    seen = {}
+
+    def rerun(**kw):
+        seen.update(kw)
+        return SimpleNamespace(measurements=SimpleNamespace(loaders=[]), step_s=[0.008] * 5,
+                               error=None, stopped="steps", applied=0)
+
+    out = verify_remedy(_verdict(fused), _before(), 5, rerun)
+    assert seen["optimizer"] == ("AdamW", {"foreach": None, "fused": True})
+    # no AdamW was built through the patched constructor: nothing to compare
+    assert out["applied"] is False and out["speedup"] is None and "never used" in out["reason"]
 
 
 def test_verify_applies_bf16_and_says_when_the_top_remedy_cannot_be_applied():
@@ -214,7 +276,7 @@ def test_verify_applies_bf16_and_says_when_the_top_remedy_cannot_be_applied():
     bf16 = Remedy(action="bf16 autocast: torch.autocast('cpu', dtype=torch.bfloat16)",
                   expected_speedup=1.3, reason="r", kind="precision")
 
-    def rerun(*, loader_overrides, autocast):
+    def rerun(*, loader_overrides, autocast, **_):
         assert autocast == "bf16" and loader_overrides is None
         return SimpleNamespace(measurements=SimpleNamespace(loaders=[]), step_s=[0.008] * 5,
                                error=None, stopped="steps")
@@ -234,7 +296,7 @@ def test_verify_pre_decodes_a_small_dataset_and_skips_one_too_slow_to_read_once(
                      expected_speedup=1.3, reason="r", kind="loader")
     seen = []
 
-    def rerun(*, loader_overrides, autocast):
+    def rerun(*, loader_overrides, autocast, **_):
         seen.append(loader_overrides)
         info = SimpleNamespace(dataset="PreDecoded", num_workers=1, persistent_workers=True)
         return SimpleNamespace(measurements=SimpleNamespace(loaders=[info]), step_s=[0.004] * 5,
@@ -272,7 +334,7 @@ def test_verify_pins_the_math_attention_kernel_when_the_bf16_remedy_does():
                   expected_speedup=1.9, reason="r", kind="precision")
     seen = {}
 
-    def rerun(*, loader_overrides, autocast):
+    def rerun(*, loader_overrides, autocast, **_):
         seen["autocast"] = autocast
         return SimpleNamespace(measurements=SimpleNamespace(loaders=[]), step_s=[0.0055] * 5,
                                error=None, stopped="steps")
@@ -291,15 +353,19 @@ def test_the_rerun_runs_attention_on_the_math_kernel_under_bf16_math_sdpa(tmp_pa
         "lin = torch.nn.Linear(8, 8)\n"
         "opt = torch.optim.SGD(lin.parameters(), lr=0.1)\n"
         "seen = set()\n"
+        "lin.register_forward_hook(lambda m, a, o: seen.add(\n"
+        "    (torch.is_autocast_enabled('cpu'), tuple(_cur_sdpa_kernel_backends()))))\n"
         "for _ in range(12):\n"
-        "    seen.add((torch.is_autocast_enabled('cpu'), tuple(_cur_sdpa_kernel_backends())))\n"
         "    lin(torch.randn(4, 8)).float().sum().backward()\n"
+        "    seen.add(('outside', torch.is_autocast_enabled('cpu')))\n"
         f"    open({str(tmp_path / 'seen.txt')!r}, 'w').write(repr(seen))\n"
         "    opt.step()\n")
     _run_once(str(script), [], module=False, steps=5, warmup=2, seconds=None, trace_dir=None,
               autocast="bf16+math-sdpa", scale=False)
     seen = (tmp_path / "seen.txt").read_text()
     assert "True" in seen and "SDPBackend.MATH" in seen and "FLASH" not in seen
+    # per forward, not around the whole script: outside the model's call autocast is off
+    assert "('outside', False)" in seen and "('outside', True)" not in seen
 
 
 # --- planted scripts, end to end -----------------------------------------------------------------

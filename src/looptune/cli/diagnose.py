@@ -23,6 +23,7 @@ from looptune.diagnose.collectives import launched_rank
 from looptune.diagnose.ranks import merge_ranks
 from looptune.diagnose.result import Diagnosis
 from looptune.diagnose.runner import FIRST_STEP_TIMEOUT_S, check_target, diagnose
+from looptune.diagnose.verify import RERUNNABLE
 from looptune.dist.launch import LaunchFailed, launch, nproc_problem
 from looptune.errors import ConfigError
 from looptune.report.build import save_and_render
@@ -44,7 +45,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="also write a torch.profiler trace of a few steps (Chrome/Perfetto)")
     p.add_argument("--verify", action="store_true",
                    help="rerun with the top remedy that can be applied from outside the script "
-                        "(DataLoader settings, batch size, bf16); report before -> after")
+                        "(DataLoader settings, batch size, pre-decoding, bf16, the optimizer's "
+                        "implementation); report before -> after and whether it still trains "
+                        "the same (loss parity)")
+    p.add_argument("--verify-kind", metavar="KIND", default=None, choices=RERUNNABLE,
+                   help="with --verify (implied): rerun the highest-ranked remedy of this kind "
+                        f"instead of the top one ({', '.join(RERUNNABLE)})")
     p.add_argument("--first-step-timeout", type=float, default=FIRST_STEP_TIMEOUT_S, metavar="S",
                    help="stop the script if no step boundary (optimizer step, or backward call "
                         f"without a torch.optim optimizer) came within S seconds (default "
@@ -63,7 +69,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 _VALUED = {"--steps", "--warmup", "--seconds", "--json", "--trace", "--nproc", "--rank-dir",
-           "--report", "--tensorboard", "--first-step-timeout"}
+           "--report", "--tensorboard", "--first-step-timeout", "--verify-kind"}
 
 
 def split_argv(argv: list[str]) -> list[str]:
@@ -89,7 +95,8 @@ def run(args: argparse.Namespace) -> int:
         return _launch_ranks(args, target, script_args, module, steps)
     result = diagnose(target, script_args, module=module, steps=steps,
                       warmup=args.warmup, seconds=args.seconds, trace_dir=_trace_dir(args),
-                      verify=args.verify, first_step_timeout=args.first_step_timeout or None)
+                      verify=args.verify_kind or args.verify,
+                      first_step_timeout=args.first_step_timeout or None)
     if args.rank_dir is not None:  # a rank of --nproc: the launching process reports
         rank_files.write_rank(args.rank_dir, result)
     elif result.world_size is not None and result.world_size > 1:  # a rank under torchrun
@@ -169,7 +176,7 @@ def _rank_problems(args: argparse.Namespace, rank: int | None, world: int) -> li
         problems.append(f"--rank-dir {args.rank_dir!r} is internal to --nproc (its ranks write "
                         "there; it needs RANK and an existing folder). Use --nproc N instead.")
     if args.nproc is not None or args.rank_dir is not None or world > 1:
-        if args.verify:
+        if args.verify or args.verify_kind:
             problems.append("--verify cannot rerun a distributed script: its process group is "
                             "set up once per process. Verify on one process (drop --nproc / "
                             "torchrun), or apply the remedy and diagnose again.")

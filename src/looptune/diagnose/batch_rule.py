@@ -9,7 +9,10 @@ in the replay; the rest
 of the compute (optimizer update, loss, the script's Python), syncs and other host time stay per
 step. Per sample, the larger batch is faster by ``k x step(B) / step(kB)``: that is the batch
 remedy's bound. The share of the busy time (compute + sync + other) that does not grow with the
-batch decides the verdict: overhead from OVERHEAD_SHARE, else compute.
+batch decides the verdict: overhead from OVERHEAD_SHARE, else compute. The optimizer update is
+paid per step too, but the part of it that streams the parameters (its time less its per-op cost,
+measured: :func:`looptune.diagnose.update_rule.update_memory_s`) is work, not overhead: it is
+named as the update (its own share and remedy) and left out of the overhead share.
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ class ScaledStep:
     busy_s: float  # compute + sync + other at B
     busy_large_s: float  # the same at factor x B
     replayed_s: float  # the replayed forward + backward's share of compute at B (per step)
+    update_s: float = 0.0  # the optimizer update's size-bound time per step (not overhead)
 
     @property
     def speedup(self) -> float:
@@ -46,8 +50,16 @@ class ScaledStep:
             return 0.0
         return min(1.0, max(0.0, (k * busy - self.busy_large_s) / ((k - 1) * busy)))
 
+    @property
+    def overhead_share(self) -> float:
+        """The fixed share less the update's size-bound part: per-step overhead proper."""
+        if self.busy_s <= 0:
+            return 0.0
+        return max(0.0, self.fixed_share - self.update_s / self.busy_s)
 
-def scaled_step(m: Measurements, phase_s: dict[str, float]) -> ScaledStep | None:
+
+def scaled_step(m: Measurements, phase_s: dict[str, float],
+                update_s: float = 0.0) -> ScaledStep | None:
     sc = m.batch_scaling
     if sc is None or not sc.measured:
         return None
@@ -59,7 +71,7 @@ def scaled_step(m: Measurements, phase_s: dict[str, float]) -> ScaledStep | None
     return ScaledStep(factor=k, step_s=sum(phase_s.values()),
                       large_s=k * grows + compute_large + per_step,
                       busy_s=compute + per_step, busy_large_s=compute_large + per_step,
-                      replayed_s=replayed)
+                      replayed_s=replayed, update_s=update_s)
 
 
 def _replay_text(sc: BatchScaling) -> str:
@@ -70,18 +82,27 @@ def _replay_text(sc: BatchScaling) -> str:
             f"at {big}: {sc.large_s * 1e3:.3f} ms ({sc.per_sample_gain:.2f}x per sample){own}")
 
 
-def batch_verdict(m: Measurements, phase_s: dict[str, float]) -> tuple[str, dict[str, Any]] | None:
-    """("compute" | "overhead", evidence) from the measured scaling; None when not measured."""
-    s = scaled_step(m, phase_s)
+def batch_verdict(m: Measurements, phase_s: dict[str, float],
+                  update_s: float = 0.0) -> tuple[str, dict[str, Any]] | None:
+    """("compute" | "overhead", evidence) from the measured scaling; None when not measured.
+    ``update_s``: the optimizer update's size-bound seconds per step, left out of the overhead."""
+    s = scaled_step(m, phase_s, update_s)
     if s is None:
         return None
     sc = m.batch_scaling
-    name = "overhead" if s.fixed_share >= OVERHEAD_SHARE else "compute"
+    name = "overhead" if s.overhead_share >= OVERHEAD_SHARE else "compute"
+    update = ""
+    if s.update_s > 0 and s.busy_s > 0:
+        update = (f"; of that, the optimizer update streaming the parameters takes "
+                  f"{s.update_s * 1e3:.3f} ms ({s.update_s / s.busy_s:.1%}): work, not "
+                  f"overhead, so {s.overhead_share:.1%} is per-step overhead")
     reason = (f"{_replay_text(sc)}; with the rest of the step's compute, syncs and host time per "
               f"step, {s.fixed_share:.1%} of its busy time ({s.busy_s * 1e3:.3f} ms) does not grow "
-              f"with the batch ({'>=' if name == 'overhead' else '<'} {OVERHEAD_SHARE:.0%}: "
-              f"{'per-step overhead' if name == 'overhead' else 'the work itself'})")
+              f"with the batch{update} ({'>=' if name == 'overhead' else '<'} "
+              f"{OVERHEAD_SHARE:.0%}: {'per-step overhead' if name == 'overhead' else 'the work itself'})")
     return name, {"rule": name, "reason": reason, "fixed_share": round(s.fixed_share, 4),
+                  "update_ms": round(s.update_s * 1e3, 4),
+                  "overhead_share": round(s.overhead_share, 4),
                   "threshold": OVERHEAD_SHARE, "batch_speedup": round(s.speedup, 3),
                   "replay_batch": sc.batch, "replay_factor": sc.factor,
                   "replay_small_ms": round(sc.small_s * 1e3, 4),

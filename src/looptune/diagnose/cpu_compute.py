@@ -9,9 +9,10 @@ measured where the script runs, at its thread count.
 
 from __future__ import annotations
 
+from looptune.diagnose.apply import FRAMEWORK_SWITCH
 from looptune.diagnose.model import Measurements, Remedy
 
-__all__ = ["cpu_compute_remedies", "FUSABLE_FRACTION", "SDPA_FLASH_CPU"]
+__all__ = ["bf16_action", "cpu_compute_remedies", "FUSABLE_FRACTION", "SDPA_FLASH_CPU"]
 
 # Assumed share of the non-matmul compute that inductor's fusion removes: low on purpose. An fp32
 # byte-level GPT on a 2-core Zen 4 measured 1.07x from compile alone where 0.5 would have promised
@@ -28,8 +29,8 @@ def cpu_compute_remedies(m: Measurements, *, step_s: float, compute_s: float) ->
     if not (fp32 and flops and step_s > 0):
         c = compute_s / step_s if step_s > 0 else 0.0
         return [_bounded(
-            "bf16 autocast (torch.autocast('cpu', dtype=torch.bfloat16)) only if the CPU has "
-            "AMX/avx512_bf16; measure", step_s, c * step_s * 0.2,
+            bf16_action(m)[0] + " (only if the CPU has AMX/avx512_bf16; measure)", step_s,
+            c * step_s * 0.2,
             f"compute is {c:.1%} of the step; the FLOPs or matmul rates are unknown, so a low "
             f"bound: 1/(1 - {c:.4f} x 0.2)")]
     matmul_s = min(compute_s, flops / fp32)
@@ -39,7 +40,7 @@ def cpu_compute_remedies(m: Measurements, *, step_s: float, compute_s: float) ->
         replayed = sc.replayed_s(compute_s)
         saved = replayed * (1 - sc.bf16_s / sc.small_s)
         if saved > 0:
-            action, note = _bf16_action(m)
+            action, note = bf16_action(m)
             out.append(_bounded(action, step_s, saved, (
                 f"{sc.module} forward+backward replayed at batch {sc.batch} under bf16 autocast: "
                 f"{sc.bf16_s * 1e3:.3f} ms vs {sc.small_s * 1e3:.3f} ms in fp32 (casts "
@@ -47,7 +48,7 @@ def cpu_compute_remedies(m: Measurements, *, step_s: float, compute_s: float) ->
                 f"as measured: saves {saved * 1e3:.3f} of {step_s * 1e3:.3f} ms{note}")))
     elif bf16 and bf16 >= _MIN_BF16_GAIN * fp32:
         saved = matmul_s * (1 - fp32 / bf16)
-        action, note = _bf16_action(m)
+        action, note = bf16_action(m)
         out.append(_bounded(action, step_s, saved, (
             f"bf16 matmuls measured {bf16 / 1e9:.3g} GFLOP/s vs fp32 {fp32 / 1e9:.3g} here; the "
             f"step's {flops:.3g} FLOP need {matmul_s * 1e3:.3f} ms at the fp32 rate, "
@@ -68,9 +69,18 @@ def cpu_compute_remedies(m: Measurements, *, step_s: float, compute_s: float) ->
     return out
 
 
-def _bf16_action(m: Measurements) -> tuple[str, str]:
-    action = "bf16 autocast: torch.autocast('cpu', dtype=torch.bfloat16)"
-    if SDPA_FLASH_CPU not in m.ops:
+def bf16_action(m: Measurements, device: str = "cpu") -> tuple[str, str]:
+    """The bf16 remedy as the script would write it: its framework's own switch when its step
+    runs inside one, else autocast around each forward (one context held open across steps
+    would keep its weight casts from the first step)."""
+    framework = FRAMEWORK_SWITCH.get(m.framework or "")
+    if framework is not None:
+        return (f"bf16 through the framework's own switch: {framework[3]}",
+                f"; the step runs inside {m.framework}, whose switch casts and scales as it does "
+                "for its users")
+    action = (f"bf16 autocast around each forward: with torch.autocast('{device}', "
+              "dtype=torch.bfloat16): loss = loss_fn(model(x), y)")
+    if SDPA_FLASH_CPU not in m.ops or device != "cpu":
         return action, ""
     return (action + ", with torch.nn.attention.sdpa_kernel(SDPBackend.MATH) around the forward "
             "(looptune step.attention=math)", "; the step runs scaled_dot_product_attention's CPU "

@@ -6,6 +6,7 @@ import math
 from typing import TYPE_CHECKING
 
 from looptune.diagnose.model import Finding, LoaderInfo, Measurements
+from looptune.diagnose.update_rule import update_memory_s
 
 if TYPE_CHECKING:
     from looptune.diagnose.verdict import _Profile
@@ -117,9 +118,9 @@ def _overhead_share(m: Measurements, p: _Profile) -> float:
     when there is one, else the busy time the arithmetic doesn't need at the matmul rate."""
     from looptune.diagnose.batch_rule import scaled_step
 
-    scaled = scaled_step(m, p.phase_s)
+    scaled = scaled_step(m, p.phase_s, update_memory_s(m, p.part_s))
     if scaled is not None and scaled.step_s > 0:
-        return scaled.fixed_share * scaled.busy_s / scaled.step_s
+        return scaled.overhead_share * scaled.busy_s / scaled.step_s
     sh = p.shares
     busy_s = p.phase_s["compute"] + p.phase_s["sync"] + p.phase_s["other"]
     if m.flops_per_step and m.matmul_flops_per_s and busy_s > 0:

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 __all__ = ["PHASES", "BatchScaling", "Bottleneck", "Environment", "Finding", "LoaderInfo", "Measurements", "Phase",
-           "Remedy", "StepSample", "Verdict", "WorkerRead"]
+           "Remedy", "StepSample", "UpdateReplay", "Verdict", "WorkerRead"]
 
 Bottleneck = Literal["data_loading", "host_to_device", "overhead", "compute", "memory"]
 # the phases one step's wall time is split into (they sum to the step time)
@@ -30,6 +30,11 @@ class StepSample:
     # host time from the replayed model's forward to the end of its backward, summed over its
     # calls in the step (accumulation: several); None before the model is known (the FLOP step)
     model_s: float | None = None
+    # the step's own parts (measure/probes.py PART_NAMES), host seconds each, timed exclusively:
+    # forward (with the loss; only once the model is known), backward, optimizer (the update),
+    # zero_grad, clip_grad, grad_scaler, lr_scheduler; a part the step did not run is absent
+    parts_s: dict[str, float] = field(default_factory=dict)
+    loss: float | None = None  # the loss the step's backward started from (mean over its calls)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -120,6 +125,31 @@ class WorkerRead:
 
 
 @dataclass(frozen=True, kw_only=True)
+class UpdateReplay:
+    """The script's optimizer step replayed after the script stopped, on copies of its own
+    parameters and gradients, under each implementation its class offers
+    (:mod:`looptune.diagnose.update_replay`)."""
+
+    optimizer: str  # the optimizer's class name, e.g. "AdamW"
+    impl: str  # the script's implementation: "for-loop" | "foreach" | "fused"
+    params: int = 0  # parameter tensors it updates
+    elements: int = 0  # their elements
+    # seconds per optimizer step, per implementation measured ("for-loop", "foreach", "fused")
+    step_s: dict[str, float] = field(default_factory=dict)
+    # seconds per step of the script's implementation on as many 1-element tensors: the update's
+    # fixed per-op cost (dispatch, the Python loop), which does not depend on the tensors' sizes
+    dispatch_s: float | None = None
+    # why an implementation was not measured (unsupported here, failed), per implementation
+    skipped: dict[str, str] = field(default_factory=dict)
+    note: str | None = None  # why nothing was replayed
+
+    @property
+    def best(self) -> str | None:
+        """The fastest implementation measured (None when none was)."""
+        return min(self.step_s, key=self.step_s.__getitem__) if self.step_s else None
+
+
+@dataclass(frozen=True, kw_only=True)
 class Measurements:
     """Everything the probes measured over the measured (post-warm-up) steps."""
 
@@ -140,6 +170,11 @@ class Measurements:
     # seconds per batch from a DataLoader over a pre-decoded dataset of the same batch bytes and
     # samples (diagnose/predecode.py): what the pre-decode remedy leaves of the data wait
     gather_s: float | None = None
+    update: UpdateReplay | None = None  # the optimizer step replayed per implementation
+    zero_grad_kept: bool = False  # the script called zero_grad(set_to_none=False)
+    # the training framework whose code called optimizer.step ("transformers",
+    # "lightning.pytorch", "lightning.fabric", "accelerate"); None: the script's own loop
+    framework: str | None = None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -158,6 +193,9 @@ class Remedy:
     reason: str  # the numbers it is derived from
     kind: str = ""  # machine-readable tag, e.g. "loader", "sync", "batch", "precision"
     measured_speedup: float | None = None  # --verify: the remedy applied and measured
+    # --verify: the rerun trained like the original (same losses within its noise); False: it
+    # changed the training and its speed-up does not count; None: not checked
+    loss_parity: bool | None = None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -169,3 +207,8 @@ class Verdict:
     evidence: dict[str, Any]  # the numbers behind the verdict
     findings: list[Finding]
     remedies: list[Remedy]  # ranked, largest expected speedup first
+    # the step's own parts (median host ms per step): "forward" (with the loss, when the model
+    # was timed), "backward", "optimizer" (update + zero_grad + clip_grad + grad_scaler +
+    # lr_scheduler), and each of those optimizer parts the step ran as "optimizer.<part>"
+    part_ms: dict[str, float] = field(default_factory=dict)
+    part_shares: dict[str, float] = field(default_factory=dict)  # the same, as shares of the step

@@ -59,6 +59,14 @@ class Diagnosis:
     # the steps before the measurement (warm-up, the FLOP-counted step, a profiler window), at
     # most the last MAX_WARMUP_STEPS of them: how long start-up took to settle
     warmup_step_s: list[float] = field(default_factory=list)
+    # the step's own parts, median ms per step and as shares of the step: "forward" (with the
+    # loss), "backward", "optimizer" (all its parts) and "optimizer.<part>" (update, zero_grad,
+    # clip_grad, grad_scaler, lr_scheduler) for those the step ran (measure/probes.py)
+    part_ms: dict[str, float] = field(default_factory=dict)
+    part_shares: dict[str, float] = field(default_factory=dict)
+    # every step's loss from the first (warm-up included; None where none was seen): the loss
+    # the step's backward started from, the mean over its backward calls
+    losses: list[float | None] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         return {"kind": KIND, **dataclasses.asdict(self)}

@@ -23,12 +23,13 @@ import torch
 
 from looptune.diagnose import env as env_probe
 from looptune.diagnose.collectives import RankWaits, launched_rank
-from looptune.diagnose.model import BatchScaling, Measurements, WorkerRead
+from looptune.diagnose.model import BatchScaling, Measurements, UpdateReplay, WorkerRead
 from looptune.diagnose.predecode import gather_seconds
 from looptune.diagnose.result import MAX_WARMUP_STEPS, Diagnosis
-from looptune.diagnose.scaling import (
-    math_sdpa, measure_scaling, time_model_in_step, with_in_step)
+from looptune.diagnose.apply import framework_precision, overridden_optimizer, per_forward_autocast
+from looptune.diagnose.scaling import measure_scaling, time_model_in_step, with_in_step
 from looptune.diagnose.schedule import UNBOUNDED, Schedule
+from looptune.diagnose.update_replay import described_update, measure_update
 from looptune.diagnose.script import (
     Seen,
     exit_status,
@@ -38,7 +39,8 @@ from looptune.diagnose.script import (
     script_env,
 )
 from looptune.diagnose.verdict import analyze
-from looptune.diagnose.verify import apply_measured, parse_loader_action, verify_remedy
+from looptune.diagnose.verify import (
+    RERUNNABLE, apply_measured, parse_loader_action, verify_remedy)
 from looptune.diagnose.worker_read import measure_worker_read
 from looptune.errors import ConfigError, MeasurementError
 from looptune.measure.memory import PeakMemory
@@ -101,10 +103,16 @@ class _Run:
     warmup_step_s: list[float] | None = None  # the steps before the measured ones
     exit_code: int = 0  # the status `python script.py` would have exited with
     step_signal: str = "optimizer.step"  # what marked the step boundaries
+    # per step from the first (warm-up included): its loss, and its wall time
+    losses: list[float | None] = dataclasses.field(default_factory=list)
+    all_step_s: list[float] = dataclasses.field(default_factory=list)
+    measured_from: int = 0  # index of the first measured step in losses / all_step_s
+    applied: int = 0  # --verify: times the remedy's switch was used in this run
 
 
 def _run_once(target, args, *, module, steps, warmup, seconds, trace_dir,
               loader_overrides: dict[str, Any] | None = None, autocast: str | None = None,
+              framework: str | None = None, optimizer: tuple[str, dict] | None = None,
               scale: bool = True, first_step_timeout: float | None = None) -> _Run:
     device = torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
     schedule = Schedule(warmup, steps, seconds, trace_dir, device)
@@ -133,12 +141,11 @@ def _run_once(target, args, *, module, steps, warmup, seconds, trace_dir,
     error, oom, exit_code = None, False, 0
     t0 = time.perf_counter()
     with (script_env(target, args, module) as run, probes, waits,
-          overridden_loaders(loader_overrides)):
+          overridden_loaders(loader_overrides),
+          _remedy_applied(device, autocast, framework, optimizer) as applied):
         try:
             schedule.begin()
-            with (torch.autocast(device.type, dtype=torch.bfloat16) if autocast  # --verify bf16
-                  else contextlib.nullcontext()), math_sdpa(autocast == "bf16+math-sdpa"):
-                forked_children_exit_alone(run, os.getpid())
+            forked_children_exit_alone(run, os.getpid())
         except StopScript:
             pass
         except SystemExit as exc:
@@ -162,11 +169,33 @@ def _run_once(target, args, *, module, steps, warmup, seconds, trace_dir,
         # the training loader read by one worker, for the workers remedy (not in --verify reruns)
         read = (_worker_read(probes) if scale and probes.samples and probes.loaders else None)
         gather = _gather_s(probes) if scale and probes.samples and probes.loaders else None
+        # the optimizer's step per implementation (the optimizer remedy); a rerun only notes
+        # which implementation ran (--verify: was the remedy applied)
+        update = (measure_update(probes.optimizer, device) if scale and probes.samples
+                  else described_update(probes.optimizer))
+        probes.optimizer = None  # the script's model and optimizer are not kept past the run
     seen = Seen(time.perf_counter() - t0, probes.drawn, len(probes.loaders), schedule.stopped,
                  exit_code)
     return _collect(schedule, probes, error=error, oom=oom, device=device, waits=waits.per_step,
                     threads=threads[0] if threads else None, seen=seen, scaling=scaling,
-                    worker_read=read, gather_s=gather)
+                    worker_read=read, gather_s=gather, update=update, applied=applied[0])
+
+
+@contextlib.contextmanager
+def _remedy_applied(device: torch.device, autocast: str | None, framework: str | None,
+                    optimizer: tuple[str, dict] | None):
+    """--verify: the remedy's switch on for the rerun; yields a one-item list that counts the
+    times the switch was used (model forwards under autocast, constructions patched)."""
+    hits = [0]
+    with contextlib.ExitStack() as stack:
+        if autocast:  # per forward: one context across steps would freeze the weight casts
+            stack.enter_context(per_forward_autocast(
+                device.type, math_sdpa=autocast == "bf16+math-sdpa", hits=hits))
+        if framework:
+            stack.enter_context(framework_precision(framework, hits=hits))
+        if optimizer:
+            stack.enter_context(overridden_optimizer(*optimizer, hits=hits))
+        yield hits
 
 
 def _training_loader(probes: StepProbes) -> int:
@@ -197,7 +226,8 @@ def _worker_read(probes: StepProbes) -> WorkerRead:
 def _collect(schedule: Schedule, probes: StepProbes, *, error, oom, device,
              waits: list[float] | None = None, threads: int | None = None,
              seen: Seen | None = None, scaling: BatchScaling | None = None,
-             worker_read: WorkerRead | None = None, gather_s: float | None = None) -> _Run:
+             worker_read: WorkerRead | None = None, gather_s: float | None = None,
+             update: UpdateReplay | None = None, applied: int = 0) -> _Run:
     samples = probes.samples
     if not samples and probes.gave_up:
         raise MeasurementError(
@@ -229,13 +259,16 @@ def _collect(schedule: Schedule, probes: StepProbes, *, error, oom, device,
         alloc_retries=env_probe.alloc_retries(device), oom=oom,
         env=env_probe.environment(device, threads, capacity=bool(probes.loaders)),
         batch_scaling=with_in_step(scaling, measured, device), worker_read=worker_read,
-        gather_s=gather_s)
+        gather_s=gather_s, update=update, zero_grad_kept=probes.zero_grad_kept,
+        framework=probes.framework)
     wait_s = None if waits is None or len(waits) != len(samples) else waits[window]
     before = samples[:window.start][-MAX_WARMUP_STEPS:]
     return _Run(measurements, schedule.stopped, error, [s.step_s for s in measured], mem.kind,
                 schedule.trace, len(samples), wait_s, [s.data_wait_s for s in measured],
                 [s.step_s for s in before], 0 if seen is None else seen.exit_code,
-                probes.signal or "optimizer.step")
+                probes.signal or "optimizer.step", losses=probes.losses(),
+                all_step_s=[s.step_s for s in samples], measured_from=window.start,
+                applied=applied)
 
 
 def _measured(n: int, schedule: Schedule) -> slice:
@@ -252,7 +285,7 @@ def _measured(n: int, schedule: Schedule) -> slice:
 
 def diagnose(target: str | Callable, args: Sequence[str] | str = (), *, module: bool = False,
              steps: int | None = 50, warmup: int = 5, seconds: float | None = None,
-             trace_dir: str | os.PathLike | None = None, verify: bool = False,
+             trace_dir: str | os.PathLike | None = None, verify: bool | str = False,
              first_step_timeout: float | None = FIRST_STEP_TIMEOUT_S) -> Diagnosis:
     """Run a training script (or callable) unchanged and say where each step's time goes.
 
@@ -265,7 +298,9 @@ def diagnose(target: str | Callable, args: Sequence[str] | str = (), *, module: 
         seconds: stop measuring after this long instead, if reached before ``steps``.
         trace_dir: also record a torch.profiler trace of a few steps there (Chrome/Perfetto).
         verify: rerun with the top remedy that can be applied from outside the script
-            (DataLoader settings, batch size, bf16 autocast) and measure before -> after.
+            (DataLoader settings, batch size, pre-decoding, bf16, the optimizer's
+            implementation) and measure before -> after, with loss parity; a remedy kind
+            (e.g. ``"optimizer"``) verifies the highest-ranked remedy of that kind instead.
         first_step_timeout: seconds to wait for the first step boundary (an optimizer step,
             or a backward call when the script builds no torch.optim optimizer); past it the
             script is stopped and the error says what was seen. None: wait for the script.
@@ -291,6 +326,10 @@ def diagnose(target: str | Callable, args: Sequence[str] | str = (), *, module: 
             and 0 < first_step_timeout < float("inf")):
         problems.append(f"first_step_timeout={first_step_timeout!r} is invalid: seconds > 0 "
                         "(finite), or None to wait for the script, e.g. --first-step-timeout 120.")
+    if not isinstance(verify, bool) and verify not in RERUNNABLE:
+        problems.append(f"verify={verify!r} is invalid: True, False or a remedy kind that can be "
+                        f"applied from outside the script: {', '.join(RERUNNABLE)}, e.g. "
+                        "--verify optimizer.")
     if problems:
         raise ConfigError(problems)
     args = shlex.split(args) if isinstance(args, str) else list(args)  # "--lr 1" is two args
@@ -301,11 +340,16 @@ def diagnose(target: str | Callable, args: Sequence[str] | str = (), *, module: 
     verdict = analyze(run.measurements)
     checked = None
     if verify:
-        def rerun(*, loader_overrides, autocast):
-            return _run_once(target, args, module=module, steps=steps, warmup=warmup,
-                             seconds=seconds, trace_dir=None, loader_overrides=loader_overrides,
-                             autocast=autocast, scale=False, first_step_timeout=first_step_timeout)
-        checked = verify_remedy(verdict, run, steps, rerun)
+        limit_s = seconds
+
+        def rerun(*, seconds: float | None = None, **remedy):
+            # seconds: the rerun of a remedy that changes the training runs that long instead
+            return _run_once(target, args, module=module,
+                             steps=steps if seconds is None else UNBOUNDED, warmup=warmup,
+                             seconds=limit_s if seconds is None else seconds, trace_dir=None,
+                             scale=False, first_step_timeout=first_step_timeout, **remedy)
+        checked = verify_remedy(verdict, run, steps, rerun,
+                                prefer=None if isinstance(verify, bool) else verify)
         verdict = dataclasses.replace(verdict, remedies=apply_measured(verdict.remedies, checked))
     return _diagnosis(target, args, module, steps, run, verdict, checked)
 
@@ -326,7 +370,8 @@ def _diagnosis(target, args, module, steps, run: _Run, verdict, checked) -> Diag
         trace=run.trace, provenance=provenance(device), rank=rank,
         world_size=None if rank is None else world,
         wait_s=run.wait_s, data_wait_step_s=run.data_wait_s, warmup_step_s=run.warmup_step_s or [],
-        exit_code=run.exit_code, step_signal=run.step_signal)
+        exit_code=run.exit_code, step_signal=run.step_signal, part_ms=verdict.part_ms,
+        part_shares=verdict.part_shares, losses=run.losses)
 
 
 class watch:

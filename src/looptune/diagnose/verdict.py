@@ -14,9 +14,11 @@ from statistics import median
 from typing import Any
 
 from looptune.diagnose.batch_rule import batch_remedy, batch_verdict, scaled_step
-from looptune.diagnose.cpu_compute import cpu_compute_remedies
+from looptune.diagnose.cpu_compute import bf16_action, cpu_compute_remedies
 from looptune.diagnose.findings import REMEDY_SHARE, _gib, _mib, _overhead_share
 from looptune.diagnose.findings import findings as _findings
+from looptune.diagnose.update_rule import (
+    OPTIMIZER_PARTS, optimizer_s, update_memory_s, update_remedies)
 from looptune.diagnose.workers_rule import workers_remedy
 from looptune.diagnose.model import PHASES, Measurements, Remedy, StepSample, Verdict
 from looptune.errors import MeasurementError
@@ -37,6 +39,12 @@ COMPUTE_RATIO = 0.35
 OVERHEAD_SHARE, SYNC_SHARE = 0.30, 0.10
 SYNC_REMEDY_SHARE = 0.05  # dropping .item() is a one-line fix, so a smaller share is worth naming
 MIN_SPEEDUP = 1.05  # below this a remedy is lost in run-to-run noise
+# remedies that change the training (a larger batch, another precision): their bound is per
+# sample or per step, not per result (a larger batch needs more samples to the same loss: a
+# regression loop measured 3.9x per sample at 4x the batch and took 1.9x as long to its loss
+# target). They rank above a remedy that keeps the training only when they promise this much more
+CHANGES_TRAINING = ("batch", "precision")
+SAME_GAIN = 1.25
 MAX_REMOVED = 0.99  # cap s*f: a bound beyond 100x says nothing more, and inf is not JSON
 
 
@@ -47,6 +55,7 @@ class _Profile:
     phase_s: dict[str, float]
     shares: dict[str, float]
     step_s: float
+    part_s: dict[str, float]  # median seconds per step part ("forward", "optimizer", ...)
     syncs_per_step: float
     pageable_bytes_per_step: float
     h2d_bytes_per_step: float
@@ -79,11 +88,27 @@ def analyze(m: Measurements) -> Verdict:
     if memory_ev is not None:  # memory wins; the timing verdict still picks the speedup remedies
         evidence = {**memory_ev, "timing_bottleneck": timing, "timing": evidence}
         bottleneck = "memory"
+    parts = _step_parts(p)
     return Verdict(
         bottleneck=bottleneck, shares=dict(p.shares), step_ms=round(p.step_s * 1e3, 4),
         phase_ms={k: round(v * 1e3, 4) for k, v in p.phase_s.items()},
         evidence={**_common_evidence(m, p), **evidence},
-        findings=_findings(m, p, bottleneck), remedies=_remedies(m, p, bottleneck, timing))
+        findings=_findings(m, p, bottleneck), remedies=_remedies(m, p, bottleneck, timing),
+        part_ms={k: round(v * 1e3, 4) for k, v in parts.items()},
+        part_shares={k: round(v / p.step_s, 4) if p.step_s > 0 else 0.0
+                     for k, v in parts.items()})
+
+
+def _step_parts(p: _Profile) -> dict[str, float]:
+    """forward, backward, optimizer (its parts together) and each optimizer part as
+    "optimizer.<part>" ("optimizer.update" for the step itself), seconds per step."""
+    out = {k: p.part_s[k] for k in ("forward", "backward") if k in p.part_s}
+    mine = [k for k in OPTIMIZER_PARTS if k in p.part_s]
+    if mine:
+        out["optimizer"] = optimizer_s(p.part_s)
+        out.update({f"optimizer.{'update' if k == 'optimizer' else k}": p.part_s[k]
+                    for k in mine})
+    return out
 
 
 def amdahl(share: float, fraction: float = 1.0) -> float:
@@ -126,8 +151,12 @@ def _profile(m: Measurements) -> _Profile:
         raise MeasurementError(f"all {len(m.steps)} measured steps took 0 s: the step clock "
                                "never advanced, so there is nothing to split into phases.")
     n = len(m.steps)  # means below: one .item() every 10 steps is 0.1/step, a median says 0
+    # a part some steps ran and others did not (a scheduler stepped per epoch) counts 0 there
+    names = {k for s in m.steps for k in s.parts_s}
+    part_s = {k: median(s.parts_s.get(k, 0.0) for s in m.steps) for k in sorted(names)}
     return _Profile(
         phase_s=phase_s, shares=_rounded_shares(phase_s), step_s=median(s.step_s for s in m.steps),
+        part_s=part_s,
         syncs_per_step=sum(s.syncs for s in m.steps) / n,
         pageable_bytes_per_step=sum(s.h2d_pageable_bytes for s in m.steps) / n,
         h2d_bytes_per_step=sum(s.h2d_bytes for s in m.steps) / n, on_cuda=_on_cuda(m))
@@ -211,7 +240,8 @@ def _loader_evidence(p: _Profile, phase: str, name: str) -> dict[str, Any]:
 
 
 def _compute_or_overhead(m: Measurements, p: _Profile) -> tuple[str, dict[str, Any]]:
-    measured = None if p.on_cuda else batch_verdict(m, p.phase_s)  # CPU: the step's own scaling
+    # CPU: the step's own scaling; the update's size-bound part is no overhead
+    measured = None if p.on_cuda else batch_verdict(m, p.phase_s, update_memory_s(m, p.part_s))
     busy_s = p.phase_s["compute"] + p.phase_s["sync"] + p.phase_s["other"]
     if not (m.flops_per_step and m.matmul_flops_per_s and busy_s > 0):
         return measured or _fallback_rule(m, p)
@@ -245,7 +275,8 @@ def _fallback_rule(m: Measurements, p: _Profile) -> tuple[str, dict[str, Any]]:
 
 
 def _remedies(m: Measurements, p: _Profile, bottleneck: str, timing: str) -> list[Remedy]:
-    speedups = _data_remedies(m, p) + _sync_remedies(p) + _h2d_remedies(p)
+    speedups = (_data_remedies(m, p) + _sync_remedies(p) + _h2d_remedies(p)
+                + update_remedies(m, p.part_s, p.step_s))
     if timing == "overhead":
         speedups += _overhead_remedies(m, p, memory_bound=bottleneck == "memory")
     elif timing == "compute":
@@ -254,8 +285,13 @@ def _remedies(m: Measurements, p: _Profile, bottleneck: str, timing: str) -> lis
             speedups += [r for r in [batch_remedy(m, p.phase_s, fallback_share=0.0,
                                                   memory_bound=bottleneck == "memory")] if r]
     kept = [r for r in speedups if r.expected_speedup >= MIN_SPEEDUP]
-    ranked = sorted(kept, key=lambda r: -r.expected_speedup)  # stable: ties keep rule order
+    ranked = sorted(kept, key=_rank_key)  # stable: ties keep rule order
     return (_memory_remedies(m, p) if bottleneck == "memory" else []) + ranked
+
+
+def _rank_key(r: Remedy) -> float:
+    """Largest gain first; a remedy that changes the training counts its bound / SAME_GAIN."""
+    return -(r.expected_speedup / (SAME_GAIN if r.kind in CHANGES_TRAINING else 1.0))
 
 
 def _remedy(action: str, share: float, fraction: float, reason: str, kind: str) -> Remedy:
@@ -339,7 +375,7 @@ def _overhead_remedies(m: Measurements, p: _Profile, *, memory_bound: bool) -> l
 def _compute_remedies(m: Measurements, p: _Profile) -> list[Remedy]:
     c = p.shares["compute"]
     if p.on_cuda:
-        return [_remedy("bf16 autocast: torch.autocast('cuda', dtype=torch.bfloat16)", c, 0.5,
+        return [_remedy(bf16_action(m, "cuda")[0], c, 0.5,
                         f"compute is {c:.1%} of the step; bf16 tensor cores roughly halve it: "
                         f"1/(1 - {c:.4f} x 0.5)", "precision")]
     return cpu_compute_remedies(m, step_s=p.step_s, compute_s=p.phase_s["compute"])

@@ -7,12 +7,21 @@ What can be applied to an unmodified script from outside:
   sample (a step then carries k times the samples);
 * ``tensorized``: pre-decode - every map-style dataset is read once into tensors and batches are
   gathered by index (:mod:`looptune.diagnose.predecode`);
-* ``precision``: bf16 autocast - the whole script runs under ``torch.autocast(dtype=bfloat16)``
-  (and ``sdpa_kernel(SDPBackend.MATH)`` when the remedy says so).
+* ``precision``: bf16 autocast around each forward of the model (and
+  ``sdpa_kernel(SDPBackend.MATH)`` when the remedy says so), or, where the step runs inside a
+  training framework, that framework's own bf16 switch (:mod:`looptune.diagnose.apply`);
+* ``optimizer``: the optimizer's constructor arguments (``fused=True`` / ``foreach=True``).
 
-The top remedy is rerun when it is one of these; otherwise the highest-ranked one that is, and the
-result says so. A measured gain below ``SHORT`` x its bound is reported as falling short, and
-the remedy is ranked by what it measured, not by what it promised.
+The top remedy is rerun when it is one of these (or, with ``prefer``, the highest-ranked of that
+kind); otherwise the highest-ranked one that is, and the result says so. A measured gain below
+``SHORT`` x its bound is reported as falling short, and the remedy is ranked by what it measured,
+not by what it promised.
+
+Every rerun is checked for **loss parity** (:mod:`looptune.diagnose.parity`): a remedy whose rerun
+does not train like the original ("changes the training: loss X vs Y at step N") is never a
+speedup. A larger batch changes the training by design: its rerun runs for the same wall time
+as the original's measured steps and is judged by the time each took to the original's final
+loss; its per-sample throughput is kept as context only.
 """
 
 from __future__ import annotations
@@ -24,13 +33,17 @@ from statistics import median
 from typing import Any
 
 from looptune.diagnose import predecode
+from looptune.diagnose.apply import FRAMEWORK_SWITCH
 from looptune.diagnose.model import Remedy, Verdict
+from looptune.diagnose.parity import loss_parity, time_to_loss
+from looptune.diagnose.update_replay import impl_kwargs
 from looptune.errors import ConfigError, MeasurementError
 
-__all__ = ["SHORT", "apply_measured", "parse_loader_action", "verify_remedy"]
+__all__ = ["RERUNNABLE", "SHORT", "apply_measured", "parse_loader_action", "verify_remedy"]
 
 SHORT = 0.7  # a measured gain below this share of the promised bound is reported as short of it
-_RERUNNABLE = ("loader", "batch", "tensorized", "precision")
+RERUNNABLE = ("loader", "batch", "tensorized", "precision", "optimizer")
+_IMPL_OF = {"fused=True": "fused", "foreach=True": "foreach", "foreach=False": "for-loop"}
 
 
 def parse_loader_action(action: str) -> dict[str, Any]:
@@ -42,28 +55,39 @@ def parse_loader_action(action: str) -> dict[str, Any]:
 
 
 def _how(remedy: Remedy, batch: int | None, decode_s: float | None = None
-         ) -> tuple[dict[str, Any] | None, str | None] | None:
-    """(DataLoader overrides, autocast) that apply ``remedy``; None: not from outside. autocast:
-    ``"bf16"``, or ``"bf16+math-sdpa"`` when the remedy pins scaled_dot_product_attention's math
-    kernel too (as its bound was measured: the CPU flash kernel's bf16 backward is slow)."""
+         ) -> dict[str, Any] | None:
+    """The rerun's keyword arguments that apply ``remedy`` (``loader_overrides``, ``autocast``,
+    ``framework``, ``optimizer``); None: not from outside. autocast: ``"bf16"``, or
+    ``"bf16+math-sdpa"`` when the remedy pins scaled_dot_product_attention's math kernel too (as
+    its bound was measured: the CPU flash kernel's bf16 backward is slow)."""
     if remedy.kind == "loader" and remedy.action.startswith("DataLoader("):
-        return parse_loader_action(remedy.action), None
+        return {"loader_overrides": parse_loader_action(remedy.action)}
     if remedy.kind == "batch" and batch and remedy.action.startswith(f"batch_size {batch} -> "):
         new = int(remedy.action.split("->", 1)[1].split()[0])
-        return {"batch_size": new}, None
+        return {"loader_overrides": {"batch_size": new}}
     if remedy.kind == "tensorized" and remedy.action.startswith("pre-decode"):
         if decode_s is None or decode_s > predecode.BUDGET_S:
             return None  # a stream (no length), or too long to read once for a rerun
-        return {predecode.PREDECODE: True}, None  # diagnose/predecode.py
+        return {"loader_overrides": {predecode.PREDECODE: True}}  # diagnose/predecode.py
     if remedy.kind == "precision" and remedy.action.startswith("bf16"):
-        return None, "bf16+math-sdpa" if "SDPBackend.MATH" in remedy.action else "bf16"
+        framework = next((f for f, (_, _, _, text) in FRAMEWORK_SWITCH.items()
+                          if text in remedy.action), None)
+        if framework is not None:
+            return {"framework": framework}
+        return {"autocast": "bf16+math-sdpa" if "SDPBackend.MATH" in remedy.action else "bf16"}
+    if remedy.kind == "optimizer" and remedy.action.startswith("torch.optim."):
+        name = remedy.action[len("torch.optim."):].split("(", 1)[0]
+        flag = next((f for f in _IMPL_OF if f in remedy.action), None)
+        if flag is not None:
+            return {"optimizer": (name, impl_kwargs(_IMPL_OF[flag]))}
     return None
 
 
-def verify_remedy(verdict: Verdict, before: Any, steps: int,
-                  rerun: Callable[..., Any]) -> dict[str, Any]:
-    """Rerun with the top applicable remedy; ``rerun(loader_overrides=, autocast=)`` runs the
-    script again and returns its run (step_s, error, measurements)."""
+def verify_remedy(verdict: Verdict, before: Any, steps: int, rerun: Callable[..., Any],
+                  prefer: str | None = None) -> dict[str, Any]:
+    """Rerun with the top applicable remedy (with ``prefer``, the highest-ranked applicable one of
+    that kind); ``rerun(loader_overrides=, autocast=, framework=, optimizer=, seconds=)`` runs the
+    script again and returns its run (step_s, error, measurements, losses)."""
     loaders = before.measurements.loaders
     batch = loaders[0].batch_size if loaders else None
     samples = getattr(loaders[0], "samples", None) if loaders else None
@@ -71,18 +95,30 @@ def verify_remedy(verdict: Verdict, before: Any, steps: int,
     # pre-decoding reads every sample once, at the rate the script's own data wait shows
     decode_s = wait_ms / 1e3 / batch * samples if batch and samples else None
     chosen = next(((r, how) for r in verdict.remedies
-                   if (how := _how(r, batch, decode_s)) is not None), None)
+                   if (prefer is None or r.kind == prefer)
+                   and (how := _how(r, batch, decode_s)) is not None), None)
     if chosen is None:
         kinds = ", ".join(sorted({r.kind for r in verdict.remedies})) or "none"
-        return {"remedy": None, "reason": f"no remedy that can be applied from outside the script "
-                f"(those are {', '.join(_RERUNNABLE)}; this diagnosis has {kinds}): nothing was "
+        which = "no remedy" if prefer is None else f"no remedy of kind {prefer!r}"
+        return {"remedy": None, "reason": f"{which} that can be applied from outside the script "
+                f"(those are {', '.join(RERUNNABLE)}; this diagnosis has {kinds}): nothing was "
                 "rerun"}
-    remedy, (overrides, autocast) = chosen
+    remedy, how = chosen
+    kw = {"loader_overrides": None, "autocast": None, "framework": None, "optimizer": None,
+          "seconds": None, **how}
+    overrides = kw["loader_overrides"]
+    if remedy.kind == "batch":  # changes the training: the same wall time, judged by loss
+        kw["seconds"] = sum(before.step_s)
     out: dict[str, Any] = {
         "remedy": remedy.action, "kind": remedy.kind, "overrides": overrides,
-        "autocast": autocast, "before_step_ms": verdict.step_ms,
+        "autocast": kw["autocast"], "framework": kw["framework"],
+        "optimizer": None if kw["optimizer"] is None else {"class": kw["optimizer"][0],
+                                                           **kw["optimizer"][1]},
+        "before_step_ms": verdict.step_ms,
         "expected_speedup": remedy.expected_speedup, "top": remedy is verdict.remedies[0]}
-    if not out["top"]:
+    if prefer is not None and not out["top"]:
+        out["note"] = f"verified the highest-ranked remedy of kind {prefer!r}, as asked"
+    elif not out["top"]:
         top = verdict.remedies[0]
         pre = top.kind == "tensorized" and top.action.startswith("pre-decode")
         why = ("it cannot be applied from outside the script" if not pre else
@@ -94,17 +130,20 @@ def verify_remedy(verdict: Verdict, before: Any, steps: int,
                        "highest-ranked one that can be")
     predecode.reset()
     try:
-        after = rerun(loader_overrides=overrides, autocast=autocast)
+        after = rerun(**kw)
     except MeasurementError as err:  # the rerun never reached a step: keep the first diagnosis
         return {**out, "after_step_ms": None, "speedup": None, "error": str(err)}
     finally:
         predecode.release()  # the rerun is over: its pre-decoded datasets are not kept
     if remedy.kind == "tensorized":
         applied = any(info.dataset == "PreDecoded" for info in after.measurements.loaders)
-    else:
-        applied = bool(autocast) or any(all(getattr(info, k, v) == v for k, v in overrides.items())
-                                        for info in after.measurements.loaders)
-    complete = after.error is None and len(after.step_s) >= min(steps, len(before.step_s))
+    elif overrides:
+        applied = any(all(getattr(info, k, v) == v for k, v in overrides.items())
+                      for info in after.measurements.loaders)
+    else:  # autocast, a framework switch, an optimizer's arguments: the patch was used
+        applied = getattr(after, "applied", 0) > 0
+    complete = after.error is None and (
+        kw["seconds"] is not None or len(after.step_s) >= min(steps, len(before.step_s)))
     after_ms = 1000 * median(after.step_s)
     out.update(after_step_ms=after_ms, after_steps_measured=len(after.step_s),
                after_stopped=after.stopped, after_error=after.error, applied=applied)
@@ -113,25 +152,69 @@ def verify_remedy(verdict: Verdict, before: Any, steps: int,
     scale = overrides["batch_size"] / batch if remedy.kind == "batch" else 1.0
     out["speedup"] = per_step * scale if applied and complete else None
     if remedy.kind == "batch":
-        out["per_sample"] = True
+        _judge_by_loss(out, before, after)
+    else:
+        _check_parity(out, before, after)
     if not applied and predecode.refused:
         out["reason"] = ("the dataset was not pre-decoded for the rerun: "
                          + "; ".join(dict.fromkeys(predecode.refused)))
-    elif not applied:
+    elif not applied and overrides:
         out["reason"] = ("no DataLoader was constructed during the rerun with the remedy's "
                          "settings (created once at import, or reused): nothing to compare")
+    elif not applied:
+        out["reason"] = ("the remedy's switch was never used in the rerun (no model forward, "
+                         "framework or optimizer construction went through it): nothing to "
+                         "compare")
     elif out["speedup"] is not None and out["speedup"] < SHORT * remedy.expected_speedup:
         out["short"] = (f"measured {out['speedup']:.2f}x, short of the {remedy.expected_speedup:.2f}x "
                         f"bound (< {SHORT:.0%} of it): ranked by the measured gain")
     return out
 
 
+def _check_parity(out: dict[str, Any], before: Any, after: Any) -> None:
+    """A remedy that keeps the training must train like the original over the same steps."""
+    check = loss_parity(list(getattr(before, "losses", []) or []),
+                        list(getattr(after, "losses", []) or []))
+    out["loss_parity"], out["loss_check"] = check["parity"], check
+    if check["parity"] is False:
+        out["per_step_speedup"], out["speedup"] = out["speedup"], None
+        out["changes_training"] = (f"changes the training: loss {check['after_loss']:.4g} vs "
+                                   f"{check['before_loss']:.4g} at step {check['at_step']} "
+                                   f"({check['reason']}): not a speedup")
+
+
+def _judge_by_loss(out: dict[str, Any], before: Any, after: Any) -> None:
+    """A larger batch: the loss each run reached against wall-clock time, same time budget."""
+    out["per_sample"] = True
+    out["per_sample_speedup"] = out["speedup"]  # context only, never the promised gain
+    runs = [(list(getattr(r, "losses", []) or []), list(getattr(r, "all_step_s", []) or []),
+             getattr(r, "measured_from", 0)) for r in (before, after)]
+    check = time_to_loss(*runs)
+    out["time_to_loss"], out["loss_parity"] = check, None
+    out["speedup"] = check["speedup"] if out["speedup"] is not None else None
+    out["judged_by"] = "time to the original's loss, the same wall time for both runs"
+    if check["speedup"] is None or check["speedup"] < 1:
+        out["changes_training"] = f"changes the training: {check['reason']}"
+
+
 def apply_measured(remedies: list[Remedy], checked: dict[str, Any] | None) -> list[Remedy]:
     """The remedies with the verified one's measured gain recorded; one that fell short of its
-    bound is ranked by what it measured (fixes of kind "memory" stay first)."""
-    if not checked or checked.get("speedup") is None:
+    bound is ranked by what it measured (fixes of kind "memory" stay first); one whose rerun
+    did not train like the original goes last, with no measured gain."""
+    if not checked or not checked.get("remedy"):
         return remedies
-    out = [dataclasses.replace(r, measured_speedup=round(checked["speedup"], 2))
+    if checked.get("loss_parity") is False:
+        hit = [dataclasses.replace(r, loss_parity=False) for r in remedies
+               if r.action == checked["remedy"]]
+        return [r for r in remedies if r.action != checked["remedy"]] + hit
+    if checked.get("speedup") is None:
+        if checked.get("changes_training"):  # a larger batch that never reached the loss
+            hit = [r for r in remedies if r.action == checked["remedy"]]
+            return [r for r in remedies if r.action != checked["remedy"]] + hit
+        return remedies
+    parity = checked.get("loss_parity")
+    out = [dataclasses.replace(r, measured_speedup=round(checked["speedup"], 2),
+                               loss_parity=parity)
            if r.action == checked["remedy"] else r for r in remedies]
     if not checked.get("short"):
         return out

@@ -13,7 +13,7 @@ import torch
 if TYPE_CHECKING:
     from looptune.measure.probes import StepProbes
 
-__all__ = ["ForwardStart", "leaf_storages", "targets_cuda", "weak_ref"]
+__all__ = ["ForwardStart", "framework_of_stack", "leaf_storages", "targets_cuda", "weak_ref"]
 
 
 class ForwardStart:
@@ -69,3 +69,22 @@ def targets_cuda(name: str, args: tuple, kwargs: dict) -> bool:
     except (TypeError, RuntimeError):
         return False
     return device is not None and device.type == "cuda"
+
+
+# module prefixes of the frames under an optimizer step -> framework, the outermost that owns the
+# loop first (the Trainer runs Accelerate inside)
+_FRAMES = (("transformers.trainer", "transformers"), ("lightning.pytorch", "lightning.pytorch"),
+           ("pytorch_lightning", "lightning.pytorch"), ("lightning.fabric", "lightning.fabric"),
+           ("lightning_fabric", "lightning.fabric"), ("accelerate", "accelerate"))
+
+
+def framework_of_stack(frame: Any) -> str | None:
+    """The training framework whose code is on the call stack from ``frame`` up, if any."""
+    names = set()
+    while frame is not None:
+        names.add(frame.f_globals.get("__name__", ""))
+        frame = frame.f_back
+    for prefix, framework in _FRAMES:
+        if any(n == prefix or n.startswith(prefix + ".") for n in names):
+            return framework
+    return None

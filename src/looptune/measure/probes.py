@@ -19,6 +19,19 @@ to the end of the next):
 * the model's own forward + backward inside each step, once :meth:`StepProbes.time_model` names
   the module (after the FLOP-counted step): from its first forward with grad enabled to the end
   of the next backward, summed per step (one forward pre-hook on that module, ~1-2 us a call);
+* the step's own parts (``StepSample.parts_s``), each timed exclusively (a part nested in another,
+  e.g. the optimizer step inside ``GradScaler.step`` or a closure's backward inside
+  ``optimizer.step(closure)``, is charged to itself, not to both): ``forward`` (the timed module's
+  first forward to the start of the backward: the loss included), ``backward``
+  (``torch.autograd.backward``), ``optimizer`` (``Optimizer.step``, through torch's global step
+  hooks; or, with no torch.optim optimizer, the in-place updates of the parameters),
+  ``zero_grad`` (``Optimizer.zero_grad``, ``Module.zero_grad``), ``clip_grad``
+  (``torch.nn.utils.clip_grad_norm_`` / ``clip_grad_value_``), ``grad_scaler``
+  (``GradScaler.unscale_/step/update``) and ``lr_scheduler`` (``LRScheduler.step``); data waits,
+  copies and syncs inside a part are theirs, not the part's;
+* the loss of each step: the scalar each backward started from (the mean over a step's backward
+  calls), kept on its device and read after the run (:meth:`StepProbes.losses`), for the loss
+  parity of ``--verify``;
 * a deadline for the first boundary (``first_step_timeout_s``): past it, with none seen, the
   script is stopped (``gave_up`` says what was seen) instead of running to its end.
 
@@ -27,26 +40,35 @@ Each probe costs a ``perf_counter`` pair and a Python call (~1 us), far below a 
 
 from __future__ import annotations
 
+import sys
 import threading
 import time
 from collections.abc import Callable
 from typing import Any
 
 import torch
-from torch.optim.optimizer import register_optimizer_step_post_hook
+from torch.optim.optimizer import (
+    register_optimizer_step_post_hook, register_optimizer_step_pre_hook)
 from torch.utils.data import DataLoader
 from torch.utils.data.dataloader import _BaseDataLoaderIter
 
 from looptune.diagnose.model import LoaderInfo, StepSample
 from looptune.measure.loader_info import batches_per_pass, loader_info, loader_parts
-from looptune.measure.probe_hooks import ForwardStart, leaf_storages, targets_cuda, weak_ref
+from looptune.measure.probe_hooks import (
+    ForwardStart, framework_of_stack, leaf_storages, targets_cuda, weak_ref)
 
-__all__ = ["StepProbes", "StopScript"]
+__all__ = ["PART_NAMES", "StepProbes", "StopScript"]
 
 _SYNC_METHODS = ("item", "tolist", "cpu", "numpy", "__repr__", "__format__")
 # in-place ops a hand-written update applies to a parameter (p.data.add_, p -= lr * p.grad, ...)
 _UPDATE_METHODS = ("add_", "sub_", "mul_", "copy_", "addcdiv_", "addcmul_", "lerp_", "__iadd__",
                    "__isub__")
+
+# the step's own parts, in the order a step runs them (StepSample.parts_s)
+PART_NAMES = ("forward", "backward", "optimizer", "zero_grad", "clip_grad", "grad_scaler",
+              "lr_scheduler")
+# timed exclusively too, so that a part does not include them: they are phases of their own
+_PHASE_PARTS = ("data_wait", "host_to_device", "sync")
 
 
 class StopScript(BaseException):
@@ -90,6 +112,17 @@ class StepProbes:
         self._in_sync = self._in_data = False
         self._model_hook: Any = None  # the forward pre-hook on the timed module, if any
         self._model_t0: float | None = None  # its forward started, its backward not yet ended
+        # the parts open now, innermost last: time goes to the innermost (exclusive timing)
+        self._open: list[str] = []
+        self._t_mark = time.perf_counter()
+        self.optimizer: Any = None  # the optimizer whose step ends a step (held for the replay)
+        self.zero_grad_kept = False  # zero_grad(set_to_none=False) was called: grads zeroed
+        # the training framework whose code called the first optimizer step (its own precision
+        # switch is the remedy's), from the call stack once: "transformers", "accelerate", ...
+        self.framework: str | None = None
+        self._framework_seen = False
+        self._losses: list[Any] = []  # per step: the losses its backward calls started from
+        self._step_losses: list[Any] = []
         self._reset(time.perf_counter())
 
     # -- lifecycle -------------------------------------------------------------------------
@@ -98,6 +131,9 @@ class StepProbes:
         self._t_begin = time.perf_counter()
         handle = register_optimizer_step_post_hook(self._step_hook)
         self._restore.append(handle.remove)
+        handle = register_optimizer_step_pre_hook(self._step_pre_hook)
+        self._restore.append(handle.remove)
+        self._patch_parts()
         self._patch(torch.optim.Optimizer, "__init__", self._counted_init)
         self._patch(torch.autograd, "backward", self._backward_probe)
         self._patch(_BaseDataLoaderIter, "__next__", self._timed_next)
@@ -131,6 +167,76 @@ class StepProbes:
         self._t_last, self._wait, self._h2d, self._h2d_bytes = now, 0.0, 0.0, 0
         self._pageable, self._sync, self._syncs = 0, 0.0, 0
         self._model, self._model_t0 = 0.0, None
+        self._parts: dict[str, float] = {}
+        self._t_mark = now
+
+    # -- the step's parts, timed exclusively ---------------------------------------------------
+    def _charge(self, now: float) -> None:
+        if self._open:
+            top = self._open[-1]
+            self._parts[top] = self._parts.get(top, 0.0) + now - self._t_mark
+        self._t_mark = now
+
+    def _enter(self, part: str) -> None:
+        self._charge(time.perf_counter())
+        self._open.append(part)
+
+    def _leave(self, part: str) -> None:
+        """Close the innermost open ``part`` (a part left open by an exception is closed by the
+        next leave of an outer one)."""
+        if part in self._open:
+            self._charge(time.perf_counter())
+            del self._open[len(self._open) - 1 - self._open[::-1].index(part):]
+
+    def _ours(self) -> bool:
+        return not self.paused and threading.get_ident() == self._thread
+
+    def _timed_part(self, part: str, original: Callable) -> Callable:
+        probes = self
+
+        def timed(*args, **kwargs):
+            if not probes._ours():
+                return original(*args, **kwargs)
+            probes._enter(part)
+            try:
+                return original(*args, **kwargs)
+            finally:
+                probes._leave(part)
+
+        timed.__name__ = getattr(original, "__name__", part)
+        timed.__wrapped__ = original
+        return timed
+
+    def _patch_parts(self) -> None:
+        from torch.optim.lr_scheduler import LRScheduler, ReduceLROnPlateau
+
+        for owner in (torch.optim.Optimizer, torch.nn.Module):
+            self._patch(owner, "zero_grad", self._zero_grad_probe)
+        for name in ("clip_grad_norm_", "clip_grad_value_"):
+            self._patch_function(torch.nn.utils, name, "clip_grad")
+        for name in ("unscale_", "step", "update"):
+            self._patch(torch.amp.GradScaler, name, lambda f: self._timed_part("grad_scaler", f))
+        for owner in (LRScheduler, ReduceLROnPlateau):
+            if "step" in owner.__dict__:
+                self._patch(owner, "step", lambda f: self._timed_part("lr_scheduler", f))
+
+    def _patch_function(self, module: Any, name: str, part: str) -> None:
+        original = getattr(module, name, None)
+        if original is None:
+            return
+        setattr(module, name, self._timed_part(part, original))
+        self._restore.append(lambda: setattr(module, name, original))
+
+    def _zero_grad_probe(self, original: Callable) -> Callable:
+        probes, timed = self, self._timed_part("zero_grad", original)
+
+        def zero_grad(owner, *args, **kwargs):
+            keep = args[0] if args else kwargs.get("set_to_none", True)
+            if not keep and probes._ours():
+                probes.zero_grad_kept = True  # the grads are zeroed in place, not dropped
+            return timed(owner, *args, **kwargs)
+
+        return zero_grad
 
     # -- the model's forward + backward inside the step --------------------------------------
     def time_model(self, module: torch.nn.Module | None) -> None:
@@ -146,6 +252,8 @@ class StepProbes:
         if (self._model_t0 is None and not self.paused and torch.is_grad_enabled()
                 and threading.get_ident() == self._thread):
             self._model_t0 = time.perf_counter()
+            if "forward" not in self._open:
+                self._enter("forward")  # until the backward starts: the loss is the forward's
 
     def untime_model(self) -> None:
         if self._model_hook is not None:
@@ -153,7 +261,13 @@ class StepProbes:
             self._model_hook = None
 
     # -- step boundary ---------------------------------------------------------------------
+    def _step_pre_hook(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        if self._ours():
+            self._enter("optimizer")
+
     def _step_hook(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        if self._ours():
+            self._leave("optimizer")
         if self.signal in ("backward", "parameter update") or self.paused:
             return  # the script's boundaries are its own (no torch.optim optimizer at the start)
         self.signal = "optimizer.step"
@@ -162,14 +276,27 @@ class StepProbes:
             self._optimizer, self._thread = weak_ref(optimizer), threading.get_ident()
         elif owner is not optimizer:
             return  # another optimizer in the same iteration: the first one marks the step
+        self.optimizer = optimizer
+        if not self._framework_seen:
+            self._framework_seen = True
+            self.framework = framework_of_stack(sys._getframe(1))
         self._boundary()
 
     def _boundary(self) -> None:
         now = time.perf_counter()
+        self._charge(now)
+        if "forward" in self._open:  # a forward with no backward in this step (an eval pass)
+            self._leave("forward")
+        parts = {k: v for k, v in self._parts.items() if k not in _PHASE_PARTS}
+        if self._model_hook is not None:
+            parts.setdefault("forward", 0.0)  # timed: a step without a forward took 0 in it
         self.samples.append(StepSample(
             step_s=now - self._t_last, data_wait_s=self._wait, h2d_s=self._h2d,
             h2d_bytes=self._h2d_bytes, h2d_pageable_bytes=self._pageable, sync_s=self._sync,
-            syncs=self._syncs, model_s=self._model if self._model_hook is not None else None))
+            syncs=self._syncs, model_s=self._model if self._model_hook is not None else None,
+            parts_s=parts))
+        self._losses.append(self._step_losses)
+        self._step_losses = []
         self.steps += 1
         self.boundaries += 1
         if self.on_step is not None:
@@ -190,11 +317,20 @@ class StepProbes:
 
         def backward(*args, **kwargs):
             ours = threading.get_ident() == probes._thread and not probes.paused
+            tensors = args[0] if args else kwargs.get("tensors")
             if ours and probes._params is None and probes.optimizers_built == 0:
-                probes._params = leaf_storages(args[0] if args else kwargs.get("tensors"))
+                probes._params = leaf_storages(tensors)
                 for name in _UPDATE_METHODS:  # only now: a torch.optim script never pays for them
                     probes._patch(torch.Tensor, name, probes._update_probe(name))
-            out = original(*args, **kwargs)
+            if ours:
+                probes._leave("forward")
+                probes._record_loss(tensors)
+                probes._enter("backward")
+            try:
+                out = original(*args, **kwargs)
+            finally:
+                if ours:
+                    probes._leave("backward")
             if ours:
                 if probes._model_t0 is not None:  # the timed model's forward ... this backward
                     probes._model += time.perf_counter() - probes._model_t0
@@ -203,6 +339,24 @@ class StepProbes:
             return out
 
         return backward
+
+    def _record_loss(self, tensors: Any) -> None:
+        """Keep the scalar this backward starts from (a loss); a CPU one as a float now, a GPU
+        one as a tensor read after the run (reading it now would wait for the device)."""
+        if (isinstance(tensors, torch.Tensor) and tensors.numel() == 1
+                and tensors.is_floating_point()):
+            loss = tensors.detach()
+            self._step_losses.append(float(loss) if loss.device.type == "cpu" else loss)
+
+    def losses(self) -> list[float | None]:
+        """Per step (as ``samples``): the mean loss of its backward calls; None where the step
+        had none (or not a finite scalar). Reads GPU losses: call after the run."""
+        out = []
+        for step in self._losses:
+            values = [float(v) for v in step]
+            out.append(sum(values) / len(values) if values and all(
+                v == v and abs(v) != float("inf") for v in values) else None)
+        return out
 
     def _after_backward(self) -> None:
         self.backwards += 1
@@ -219,11 +373,18 @@ class StepProbes:
 
         def make(original: Callable) -> Callable:
             def probe(tensor, *args, **kwargs):
-                out = original(tensor, *args, **kwargs)
-                if (probes._pending and probes._params and not probes.paused
-                        and probes.signal in ("backward", "parameter update")
-                        and threading.get_ident() == probes._thread
-                        and tensor.untyped_storage().data_ptr() in probes._params):
+                update = (probes._params and not probes.paused
+                          and probes.signal in ("backward", "parameter update")
+                          and threading.get_ident() == probes._thread
+                          and tensor.untyped_storage().data_ptr() in probes._params)
+                if not update:
+                    return original(tensor, *args, **kwargs)
+                probes._enter("optimizer")  # a hand-written update: its in-place ops on params
+                try:
+                    out = original(tensor, *args, **kwargs)
+                finally:
+                    probes._leave("optimizer")
+                if probes._pending:
                     probes._pending = False  # the first op of this update ends the step
                     if probes.signal == "backward":  # the steps so far were backward calls
                         probes.signal = "parameter update"
@@ -241,6 +402,8 @@ class StepProbes:
         """Drop the steps counted on backward calls: this first update starts the first step
         (a backward-to-update step would hold 1 of k micro-batches, or part of a step)."""
         self.samples.clear()
+        self._losses.clear()
+        self._step_losses = []
         self.steps = 0
         self.boundaries += 1
         self.untime_model()  # the module is captured again in the new FLOP-counted step
@@ -271,12 +434,14 @@ class StepProbes:
                 return original(it)  # a background thread's loading is not the step's wait
             t0 = time.perf_counter()
             outer, probes._in_data = probes._in_data, True  # loading is data wait, not syncs
+            probes._enter("data_wait")
             try:
                 batch = original(it)
                 probes.drawn += 1
                 probes._check_deadline()
                 return batch
             finally:
+                probes._leave("data_wait")
                 probes._in_data = outer
                 probes._wait += time.perf_counter() - t0
 
@@ -314,10 +479,12 @@ class StepProbes:
                         or threading.get_ident() != probes._thread):
                     return original(tensor, *args, **kwargs)
                 probes._in_sync = True
+                probes._enter("sync")
                 t0 = time.perf_counter()
                 try:
                     return original(tensor, *args, **kwargs)
                 finally:
+                    probes._leave("sync")
                     probes._in_sync = False
                     probes._sync += time.perf_counter() - t0
                     probes._syncs += 1
@@ -336,8 +503,12 @@ class StepProbes:
                         or threading.get_ident() != probes._thread
                         or not targets_cuda(name, args, kwargs)):
                     return original(tensor, *args, **kwargs)
+                probes._enter("host_to_device")
                 t0 = time.perf_counter()
-                out = original(tensor, *args, **kwargs)
+                try:
+                    out = original(tensor, *args, **kwargs)
+                finally:
+                    probes._leave("host_to_device")
                 probes._h2d += time.perf_counter() - t0
                 nbytes = tensor.numel() * tensor.element_size()
                 probes._h2d_bytes += nbytes

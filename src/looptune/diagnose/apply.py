@@ -1,0 +1,116 @@
+"""Apply a remedy to an unmodified script from outside, for ``--verify``'s rerun.
+
+* bf16 autocast **per forward**: entered at the start of the outermost ``nn.Module`` call of the
+  training thread and left at its end, as people write ``with torch.autocast(...): out =
+  model(x)``. One autocast context held open across steps would keep its cache of bf16 weight
+  casts, so every forward would use the weights of the first step and the run would stop
+  learning (and run faster for it); leaving the context at each forward's end clears the cache.
+* a framework's own precision switch, where the step runs inside one (the framework then casts,
+  scales and handles the loss as it does for its users): ``TrainingArguments(bf16=True)``,
+  Lightning ``Trainer(precision="bf16-mixed")`` and ``Fabric(precision="bf16-mixed")``,
+  Accelerate ``Accelerator(mixed_precision="bf16")``;
+* the optimizer's constructor arguments (``fused=True`` / ``foreach=True``): every construction
+  of that torch.optim class (and its subclasses) gets them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+
+__all__ = ["FRAMEWORK_SWITCH", "framework_precision",
+           "overridden_optimizer", "per_forward_autocast"]
+
+# framework (the top package of the code that called optimizer.step) -> (module, class, keyword
+# arguments that turn bf16 on, how a user writes it)
+FRAMEWORK_SWITCH: dict[str, tuple[str, str, dict[str, Any], str]] = {
+    "transformers": ("transformers", "TrainingArguments", {"bf16": True, "fp16": False},
+                     "TrainingArguments(bf16=True)"),
+    "lightning.pytorch": ("lightning.pytorch", "Trainer", {"precision": "bf16-mixed"},
+                          "Trainer(precision=\"bf16-mixed\")"),
+    "lightning.fabric": ("lightning.fabric", "Fabric", {"precision": "bf16-mixed"},
+                         "Fabric(precision=\"bf16-mixed\")"),
+    "accelerate": ("accelerate", "Accelerator", {"mixed_precision": "bf16"},
+                   "Accelerator(mixed_precision=\"bf16\")"),
+}
+@contextlib.contextmanager
+def per_forward_autocast(device_type: str, *, math_sdpa: bool = False,
+                         hits: list[int] | None = None) -> Iterator[None]:
+    """bf16 autocast around each outermost module call of this thread (see the module doc);
+    ``hits[0]`` counts those calls."""
+    hits = [0] if hits is None else hits
+    from torch.nn.modules.module import (
+        register_module_forward_hook, register_module_forward_pre_hook)
+
+    thread, state = threading.get_ident(), {"depth": 0, "stack": None}
+
+    def enter(module, args):
+        if threading.get_ident() != thread:
+            return
+        if state["depth"] == 0:
+            stack = contextlib.ExitStack()
+            stack.enter_context(torch.autocast(device_type, dtype=torch.bfloat16))
+            if math_sdpa:
+                from torch.nn.attention import SDPBackend, sdpa_kernel
+
+                stack.enter_context(sdpa_kernel(SDPBackend.MATH))
+            state["stack"] = stack
+            hits[0] += 1
+        state["depth"] += 1
+
+    def leave(module, args, out):
+        if threading.get_ident() != thread or state["depth"] == 0:
+            return
+        state["depth"] -= 1
+        if state["depth"] == 0 and state["stack"] is not None:
+            state["stack"].close()  # leaves autocast: its cache of weight casts is cleared
+            state["stack"] = None
+
+    handles = [register_module_forward_pre_hook(enter),
+               register_module_forward_hook(leave, always_call=True)]
+    try:
+        yield
+    finally:
+        for h in handles:
+            h.remove()
+        if state["stack"] is not None:
+            state["stack"].close()
+
+
+@contextlib.contextmanager
+def framework_precision(framework: str, *, hits: list[int] | None = None) -> Iterator[None]:
+    """Every construction of the framework's entry class gets its bf16 switch."""
+    module, cls_name, switch, _ = FRAMEWORK_SWITCH[framework]
+    cls = getattr(importlib.import_module(module), cls_name)
+    with _patched_init(cls, switch, [0] if hits is None else hits):
+        yield
+
+
+@contextlib.contextmanager
+def overridden_optimizer(name: str, kwargs: dict[str, Any], *,
+                         hits: list[int] | None = None) -> Iterator[None]:
+    """Every ``torch.optim.<name>`` (and subclass) built with ``kwargs`` on top of its own."""
+    cls = getattr(torch.optim, name)
+    with _patched_init(cls, kwargs, [0] if hits is None else hits):
+        yield
+
+
+@contextlib.contextmanager
+def _patched_init(cls: type, kwargs: dict[str, Any], hits: list[int]) -> Iterator[None]:
+    original = cls.__dict__["__init__"]
+
+    def __init__(self, *args, **kw):
+        hits[0] += 1
+        original(self, *args, **{**kw, **kwargs})
+
+    __init__.__wrapped__ = original  # type: ignore[attr-defined]
+    cls.__init__ = __init__
+    try:
+        yield
+    finally:
+        cls.__init__ = original
