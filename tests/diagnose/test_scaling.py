@@ -279,7 +279,7 @@ def test_verify_applies_bf16_and_says_when_the_top_remedy_cannot_be_applied():
     def rerun(*, loader_overrides, autocast, **_):
         assert autocast == "bf16" and loader_overrides is None
         return SimpleNamespace(measurements=SimpleNamespace(loaders=[]), step_s=[0.008] * 5,
-                               error=None, stopped="steps")
+                               error=None, stopped="steps", applied=5)
 
     out = verify_remedy(_verdict(compiled, bf16), _before(), 5, rerun)
     assert out["autocast"] == "bf16" and out["speedup"] == pytest.approx(1.25)
@@ -353,8 +353,12 @@ def test_the_rerun_runs_attention_on_the_math_kernel_under_bf16_math_sdpa(tmp_pa
         "lin = torch.nn.Linear(8, 8)\n"
         "opt = torch.optim.SGD(lin.parameters(), lr=0.1)\n"
         "seen = set()\n"
-        "lin.register_forward_hook(lambda m, a, o: seen.add(\n"
-        "    (torch.is_autocast_enabled('cpu'), tuple(_cur_sdpa_kernel_backends()))))\n"
+        "class Lin(torch.nn.Linear):\n"
+        "    def forward(self, x):\n"
+        "        seen.add((torch.is_autocast_enabled('cpu'), tuple(_cur_sdpa_kernel_backends())))\n"
+        "        return super().forward(x)\n"
+        "lin = Lin(8, 8)\n"
+        "opt = torch.optim.SGD(lin.parameters(), lr=0.1)\n"
         "for _ in range(12):\n"
         "    lin(torch.randn(4, 8)).float().sum().backward()\n"
         "    seen.add(('outside', torch.is_autocast_enabled('cpu')))\n"
@@ -382,13 +386,22 @@ def test_conv_net_on_cpu_is_compute_and_no_batch_remedy_promises_much():
 def test_tiny_ops_are_overhead_and_the_batch_remedy_pays_when_rerun():
     d = looptune.diagnose(str(SCRIPTS / "tiny_ops.py"), steps=60, warmup=5, verify=True)
     assert d.bottleneck == "overhead", d.evidence
-    top = d.remedies[0]
-    assert top.kind == "batch" and top.action.startswith("batch_size 8 -> 32"), d.remedies
-    v = d.verify
+    v = d.verify  # the top remedy before the rerun re-ranked it by its time to the same loss
+    assert v["top"] and v["remedy"].startswith("batch_size 8 -> 32"), d.remedies
     assert v["kind"] == "batch" and v["applied"] and v["per_sample"]
-    # the remedy, applied, pays: at least a third of its promised gain. Whether it reaches 70%
-    # of the promise (SHORT) is benchmarks/verdict_check.py's goal: timed, for a quiet machine
-    assert v["speedup"] - 1 >= (v["expected_speedup"] - 1) / 3, v
+    # the update of 96 tiny tensors is per-op cost: overhead too, and a faster implementation
+    # of the same update is offered beside the batch
+    assert any(r.kind == "optimizer" for r in d.remedies), d.remedies
+    # per sample the remedy, applied, pays: at least a third of its promised gain (70% of it,
+    # SHORT, is benchmarks/verdict_check.py's goal: timed, for a quiet machine) ...
+    ps = v["per_sample_speedup"]
+    assert ps - 1 >= (v["expected_speedup"] - 1) / 3, v
+    # ... but it changes the training: its gain is the time to the original's loss, the rerun
+    # given the same wall time (context: per sample), never the per-sample figure
+    tl = v["time_to_loss"]
+    assert v["judged_by"].startswith("time to the original's loss") and v["loss_parity"] is None
+    assert tl["after_total_s"] >= 0.5 * tl["before_total_s"], tl
+    assert v["speedup"] is None or v["speedup"] == pytest.approx(tl["before_s"] / tl["after_s"])
 
 
 @pytest.mark.integration

@@ -214,3 +214,123 @@ def test_time_model_stops_at_a_restart_and_for_looptunes_own_work():
         probes.paused = False
         probes._restart()  # the steps so far were micro-batches: the model is captured again
         assert not model._forward_pre_hooks
+
+
+# --- the step's parts ------------------------------------------------------------------------
+
+class _Sleepy(torch.nn.Module):
+    """forward sleeps 15 ms, its backward 25 ms (through an autograd Function)."""
+
+    class _Slow(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            return x.clone()
+
+        @staticmethod
+        def backward(ctx, g):
+            time.sleep(0.025)
+            return g
+
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(4, 2)
+
+    def forward(self, x):
+        time.sleep(0.015)
+        return self._Slow.apply(self.lin(x))
+
+
+class _SlowSGD(torch.optim.SGD):
+    def step(self, closure=None):
+        time.sleep(0.020)
+        return super().step(closure)
+
+
+def _parts_run(steps=4):
+    with StepProbes() as probes:  # the optimizer is built inside, as a script's is
+        model = _Sleepy()
+        opt = _SlowSGD(model.parameters(), lr=0.1)
+        sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda i: time.sleep(0.010) or 1.0)
+        scaler = torch.amp.GradScaler("cpu")
+        probes.time_model(model)
+        for _ in range(steps):
+            opt.zero_grad(set_to_none=False)
+            loss = model(torch.randn(8, 4)).square().mean()
+            scaler.scale(loss).backward()
+            scaler.unscale_(opt)
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            scaler.step(opt)  # calls opt.step inside: charged to "optimizer", not to both
+            scaler.update()
+            sched.step()
+    return probes
+
+
+def test_each_part_of_the_step_is_timed_where_it_runs_and_only_once():
+    probes = _parts_run()
+    assert probes.steps == 4 and probes.zero_grad_kept
+    ms = 1e3
+    for s in probes.samples[1:]:  # the first step starts at the probes' start
+        p = {k: v * ms for k, v in s.parts_s.items()}
+        assert 15 <= p["forward"] < 15 + 12, p
+        assert 25 <= p["backward"] < 25 + 12, p
+        assert 20 <= p["optimizer"] < 20 + 12, p  # the step inside GradScaler.step
+        assert p["grad_scaler"] < 12, p  # unscale_/step/update without the optimizer's 20 ms
+        assert 10 <= p["lr_scheduler"] < 10 + 12, p
+        assert p["clip_grad"] < 12 and "zero_grad" in p, p
+        # exclusive: the parts never add up to more than the step
+        assert sum(s.parts_s.values()) <= s.step_s + 1e-6
+    # per step: the loss each backward started from
+    losses = probes.losses()
+    assert len(losses) == 4 and all(v is not None and v > 0 for v in losses)
+
+
+def test_set_to_none_zero_grad_is_not_flagged_and_patches_are_restored():
+    names = ("clip_grad_norm_", "clip_grad_value_")
+    before = [getattr(torch.nn.utils, n) for n in names] + [torch.optim.Optimizer.zero_grad]
+    with StepProbes() as probes:
+        _train()
+    assert not probes.zero_grad_kept and probes.steps == 8
+    assert all("optimizer" in s.parts_s for s in probes.samples)
+    after = [getattr(torch.nn.utils, n) for n in names] + [torch.optim.Optimizer.zero_grad]
+    assert after == before
+
+
+def test_a_second_optimizer_neither_splits_the_step_nor_is_dropped_from_its_time():
+    with StepProbes() as probes:
+        g, d = torch.nn.Linear(4, 4), torch.nn.Linear(4, 1)
+        opt_g = torch.optim.SGD(g.parameters(), lr=0.01)
+        opt_d = _SlowSGD(d.parameters(), lr=0.01)
+        for _ in range(5):  # a GAN's iteration: the discriminator's step, then the generator's
+            opt_d.zero_grad()
+            d(g(torch.randn(8, 4)).detach()).mean().backward()
+            opt_d.step()
+            opt_g.zero_grad()
+            (-d(g(torch.randn(8, 4)))).mean().backward()
+            opt_g.step()
+    # the first optimizer to step (D) marks the step; G's step is part of it, both are "optimizer"
+    assert probes.steps == 5
+    assert all(s.parts_s["optimizer"] >= 0.020 for s in probes.samples[1:])
+    assert sum(s.step_s for s in probes.samples[1:]) >= 4 * 0.020
+
+
+def test_an_optimizer_step_that_raised_does_not_hide_the_steps_after_it():
+    class Flaky(torch.optim.SGD):
+        calls = 0
+
+        def step(self, closure=None):
+            Flaky.calls += 1
+            if Flaky.calls == 2:
+                raise RuntimeError("planted")
+            return super().step(closure)
+
+    with StepProbes() as probes:
+        torch.optim.SGD([torch.zeros(1, requires_grad=True)])  # SGD.step is hooked too
+        model = torch.nn.Linear(4, 1)
+        opt = Flaky(model.parameters(), lr=0.01)
+        for _ in range(5):
+            model(torch.randn(2, 4)).sum().backward()
+            try:
+                opt.step()
+            except RuntimeError:
+                pass
+    assert probes.steps == 4

@@ -115,7 +115,8 @@ def verify_remedy(verdict: Verdict, before: Any, steps: int, rerun: Callable[...
         "optimizer": None if kw["optimizer"] is None else {"class": kw["optimizer"][0],
                                                            **kw["optimizer"][1]},
         "before_step_ms": verdict.step_ms,
-        "expected_speedup": remedy.expected_speedup, "top": remedy is verdict.remedies[0]}
+        "expected_speedup": remedy.expected_speedup, "top": remedy is verdict.remedies[0],
+        "changes_training": None}  # set when the rerun did not train like the original
     if prefer is not None and not out["top"]:
         out["note"] = f"verified the highest-ranked remedy of kind {prefer!r}, as asked"
     elif not out["top"]:

@@ -65,6 +65,9 @@ _UPDATE_METHODS = ("add_", "sub_", "mul_", "copy_", "addcdiv_", "addcmul_", "ler
                    "__isub__")
 
 # the step's own parts, in the order a step runs them (StepSample.parts_s)
+# references to the held optimizer when the script has none left: ``self.optimizer``, the local
+# name in ``_step_hook`` and ``sys.getrefcount``'s own argument
+_HELD_BY_US = 3
 PART_NAMES = ("forward", "backward", "optimizer", "zero_grad", "clip_grad", "grad_scaler",
               "lr_scheduler")
 # timed exclusively too, so that a part does not include them: they are phases of their own
@@ -76,6 +79,13 @@ class StopScript(BaseException):
 
     A BaseException, so a script's ``except Exception`` does not swallow it.
     """
+
+
+def _frame_depth(frame: Any) -> int:
+    n = 0
+    while frame is not None:
+        n, frame = n + 1, frame.f_back
+    return n
 
 
 class StepProbes:
@@ -114,6 +124,8 @@ class StepProbes:
         self._model_t0: float | None = None  # its forward started, its backward not yet ended
         # the parts open now, innermost last: time goes to the innermost (exclusive timing)
         self._open: list[str] = []
+        # the stack depths of the optimizer steps running now (a subclass's step inside its base's)
+        self._steps_open: list[int] = []
         self._t_mark = time.perf_counter()
         self.optimizer: Any = None  # the optimizer whose step ends a step (held for the replay)
         self.zero_grad_kept = False  # zero_grad(set_to_none=False) was called: grads zeroed
@@ -264,10 +276,19 @@ class StepProbes:
     def _step_pre_hook(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         if self._ours():
             self._enter("optimizer")
+            depth = _frame_depth(sys._getframe(1))
+            # a live outer step is lower on the stack: deeper ones were left by an exception
+            while self._steps_open and self._steps_open[-1] >= depth:
+                self._steps_open.pop()
+            self._steps_open.append(depth)
 
     def _step_hook(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         if self._ours():
             self._leave("optimizer")
+            if self._steps_open:
+                self._steps_open.pop()
+            if self._steps_open:
+                return  # a subclass's step calling its hooked base class's step: one step
         if self.signal in ("backward", "parameter update") or self.paused:
             return  # the script's boundaries are its own (no torch.optim optimizer at the start)
         self.signal = "optimizer.step"
@@ -275,7 +296,10 @@ class StepProbes:
         if owner is None:  # the first optimizer, or the one before was deleted
             self._optimizer, self._thread = weak_ref(optimizer), threading.get_ident()
         elif owner is not optimizer:
-            return  # another optimizer in the same iteration: the first one marks the step
+            if sys.getrefcount(owner) > _HELD_BY_US:
+                return  # another optimizer in the same iteration: the first one marks the step
+            # the script dropped the first one (only ``self.optimizer`` holds it): this one takes over
+            self._optimizer, self._thread = weak_ref(optimizer), threading.get_ident()
         self.optimizer = optimizer
         if not self._framework_seen:
             self._framework_seen = True

@@ -12,7 +12,7 @@ from looptune.report import plots
 from looptune.report._sections import fmt, key_values, provenance_section
 from looptune.report.document import Bullets, Callout, Document, Figure, Section, Table, Text
 
-__all__ = ["build", "build_ranks"]
+__all__ = ["build", "build_ranks", "part_rows"]
 
 PHASE_TEXT = {"data_wait": "data wait", "host_to_device": "host-to-device copies",
               "sync": "host syncs", "compute": "compute", "other": "other host overhead",
@@ -24,6 +24,19 @@ MEANING = {"data_loading": "the step waits for the next batch",
            "compute": "the arithmetic itself dominates",
            "memory": "near the device's memory limit"}
 STALL = 2.0  # a step this many times the median is called a stall
+PART_TEXT = {"forward": "forward (with the loss)", "backward": "backward",
+             "optimizer": "optimizer (all its parts)", "optimizer.update": "update (optimizer.step)",
+             "optimizer.zero_grad": "zero_grad", "optimizer.clip_grad": "gradient clipping",
+             "optimizer.grad_scaler": "GradScaler (unscale, inf checks, step, update)",
+             "optimizer.lr_scheduler": "LR scheduler step"}
+
+
+def part_rows(d: Diagnosis) -> list[tuple[str, float, float]]:
+    """(label, median ms, share) of the step's own parts, indented under compute: forward,
+    backward, optimizer and the optimizer's parts below it (host time, timed exclusively)."""
+    return [(("    " if k.startswith("optimizer.") else "  ") + "of which " + PART_TEXT[k]
+             if not k.startswith("optimizer.") else "    " + PART_TEXT[k],
+             d.part_ms[k], d.part_shares.get(k, 0.0)) for k in PART_TEXT if k in d.part_ms]
 
 
 def build(data: dict[str, Any]) -> Document:
@@ -60,8 +73,13 @@ def sections(d: Diagnosis, prefix: str = "", files: str = "") -> list[Section]:
 
 
 def _breakdown_table(d: Diagnosis) -> Table:
-    rows = [[PHASE_TEXT[p], f"{d.phase_ms.get(p, 0.0):.3f}", f"{100 * d.shares.get(p, 0.0):.1f}%"]
-            for p in PHASES]
+    rows = []
+    for p in PHASES:
+        rows.append([PHASE_TEXT[p], f"{d.phase_ms.get(p, 0.0):.3f}",
+                     f"{100 * d.shares.get(p, 0.0):.1f}%"])
+        if p == "compute":  # the step's own parts, timed inside it (host time)
+            rows += [[label, f"{ms:.3f}", f"{100 * share:.1f}%"]
+                     for label, ms, share in part_rows(d)]
     return Table(["phase", "median ms/step", "share"], rows, right={1, 2})
 
 
@@ -146,7 +164,17 @@ def _verify(v: dict[str, Any], prefix: str, files: str) -> Section:
     rows = [["remedy", v["remedy"]], ["before, ms/step", fmt(before)],
             ["after, ms/step", fmt(after)], ["speedup measured", measured],
             ["expected, up to", f"{bound:.2f}x"]]
-    rows += [[k.replace("_", " "), str(v[k])] for k in ("per_sample", "note", "short") if v.get(k)]
+    if v.get("per_sample_speedup") is not None:
+        rows.append(["per sample (context)", f"{v['per_sample_speedup']:.2f}x"])
+    if v.get("loss_parity") is not None:
+        rows.append(["loss parity", "yes" if v["loss_parity"] else "no"])
+    rows += [[k.replace("_", " "), str(v[k])] for k in ("note", "short", "changes_training")
+             if v.get(k)]
+    check = v.get("loss_check") or {}
+    if check.get("reason"):
+        rows.append(["losses compared", check["reason"]])
+    if (v.get("time_to_loss") or {}).get("reason"):
+        rows.append(["time to the same loss", v["time_to_loss"]["reason"]])
     blocks: list[Any] = [Table(["", "value"], rows),
                          Figure(f"{files}verify.png", "step time before and after the remedy",
                                 "The same script rerun with the remedy applied from outside.",

@@ -10,6 +10,7 @@ from rich.table import Table
 from looptune.diagnose.model import PHASES
 from looptune.diagnose.ranks import RankReport
 from looptune.diagnose.result import Diagnosis
+from looptune.report.diagnose_sections import part_rows
 from looptune.report.render import format_bytes
 
 __all__ = ["print_diagnosis", "print_rank_report", "rank_table"]
@@ -25,6 +26,9 @@ def breakdown_table(d: Diagnosis) -> Table:
     for phase in PHASES:
         table.add_row(_PHASE_TEXT[phase], f"{d.phase_ms.get(phase, 0.0):.3f}",
                       f"{100 * d.shares.get(phase, 0.0):.1f}%")
+        if phase == "compute":  # the step's own parts, timed inside it (host time)
+            for label, ms, share in part_rows(d):
+                table.add_row(escape(label), f"{ms:.3f}", f"{100 * share:.1f}%")
     return table
 
 
@@ -51,6 +55,7 @@ def print_diagnosis(d: Diagnosis, console: Console) -> None:
     _print_list(console, "remedies, largest expected gain first",
                 [f"{r.action}  (up to {r.expected_speedup:.2f}x"
                  + ("" if r.measured_speedup is None else f", measured {r.measured_speedup:.2f}x")
+                 + (", changes the training" if r.loss_parity is False else "")
                  + f": {r.reason})" for r in d.remedies])
     if d.verify:
         _print_list(console, "verify", verify_lines(d.verify))
@@ -65,12 +70,22 @@ def verify_lines(v: dict) -> list[str]:
         return [v.get("reason", "nothing was rerun")]
     if v.get("after_step_ms") is None:
         return [f"{v['remedy']}: the rerun failed: {v.get('error', '?')}"]
-    unit = " per sample" if v.get("per_sample") else ""
-    measured = ("not comparable" if v.get("speedup") is None
+    unit = " to the same loss" if v.get("per_sample") else ""
+    measured = ("not counted" if v.get("speedup") is None
                 else f"{v['speedup']:.2f}x{unit} measured")
     lines = [f"{v['remedy']}: {v['before_step_ms']:.2f} -> {v['after_step_ms']:.2f} ms/step, "
              f"{measured} (expected up to {v['expected_speedup']:.2f}x)"]
-    lines += [v[k] for k in ("note", "short", "reason") if v.get(k)]
+    if v.get("per_sample_speedup") is not None:
+        lines.append(f"per sample {v['per_sample_speedup']:.2f}x (context, not the gain: a "
+                     "larger batch changes the training)")
+    if (v.get("time_to_loss") or {}).get("reason"):
+        lines.append(v["time_to_loss"]["reason"])
+    check = v.get("loss_check") or {}
+    if v.get("loss_parity") is True:
+        lines.append(f"loss parity: yes ({check.get('reason', '')})")
+    elif v.get("loss_parity") is None and check.get("reason"):
+        lines.append(f"loss parity not judged: {check['reason']}")
+    lines += [v[k] for k in ("changes_training", "note", "short", "reason") if v.get(k)]
     return lines
 
 

@@ -31,7 +31,9 @@ def tensorboard_problem(log_dir: str | os.PathLike) -> str | None:
 def write_diagnosis(d: Diagnosis, log_dir: str | os.PathLike) -> Path:
     """Write ``d`` as a TensorBoard run in ``log_dir``: per measured step ``looptune/step_ms`` and
     ``looptune/data_wait_ms``, the phase shares ``looptune/share/<phase>``, the median
-    ``looptune/phase_ms/<phase>``, and the verdict with its remedies as text."""
+    ``looptune/phase_ms/<phase>``, the step's parts ``looptune/part_ms/<part>`` and
+    ``looptune/part_share/<part>`` (forward, backward, optimizer, optimizer.update, ...), each
+    step's loss ``looptune/loss``, and the verdict with its remedies as text."""
     from torch.utils.tensorboard import SummaryWriter
 
     with SummaryWriter(str(log_dir)) as w:
@@ -42,6 +44,12 @@ def write_diagnosis(d: Diagnosis, log_dir: str | os.PathLike) -> Path:
         for phase, share in d.shares.items():
             w.add_scalar(f"looptune/share/{phase}", share, 0)
             w.add_scalar(f"looptune/phase_ms/{phase}", d.phase_ms.get(phase, 0.0), 0)
+        for part, ms in d.part_ms.items():  # forward, backward, optimizer, optimizer.<part>
+            w.add_scalar(f"looptune/part_ms/{part}", ms, 0)
+            w.add_scalar(f"looptune/part_share/{part}", d.part_shares.get(part, 0.0), 0)
+        for i, loss in enumerate(d.losses):
+            if loss is not None:
+                w.add_scalar("looptune/loss", loss, i)
         w.add_text("looptune/verdict", _verdict_markdown(d), 0)
     return Path(log_dir)
 

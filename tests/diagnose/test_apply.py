@@ -1,0 +1,135 @@
+"""Remedies applied from outside an unmodified script (diagnose.apply) and how --verify maps a
+remedy onto them (diagnose.verify._how)."""
+
+from __future__ import annotations
+
+import threading
+import types
+
+import pytest
+import torch
+
+from looptune.diagnose.apply import (FRAMEWORK_SWITCH, framework_precision, overridden_optimizer,
+                                     per_forward_autocast)
+from looptune.diagnose.cpu_compute import bf16_action
+from looptune.diagnose.model import Measurements, Remedy
+from looptune.diagnose.verify import _how
+from looptune.measure.probe_hooks import framework_of_stack
+
+
+class _Outer(torch.nn.Module):
+    def __init__(self, seen):
+        super().__init__()
+        self.inner, self.seen = torch.nn.Linear(4, 4), seen
+
+    def forward(self, x):
+        self.seen.append(torch.is_autocast_enabled("cpu"))
+        return self.inner(x)
+
+
+def test_autocast_is_entered_per_outermost_forward_and_left_after_it():
+    seen, hits = [], [0]
+    model = _Outer(seen)
+    with per_forward_autocast("cpu", hits=hits):
+        for _ in range(3):
+            out = model(torch.randn(2, 4))
+            assert out.dtype == torch.bfloat16  # the inner Linear ran under autocast
+            assert not torch.is_autocast_enabled("cpu")  # left at the forward's end
+    assert hits == [3] and seen == [True] * 3  # the inner module did not count again
+    assert model(torch.randn(2, 4)).dtype == torch.float32  # hooks removed
+
+
+def test_the_weights_of_every_step_are_used_not_the_first_steps_casts():
+    # a context held open across steps caches its bf16 casts of the weights: the second forward
+    # would use the first step's weights. Per forward, it sees the update.
+    lin = torch.nn.Linear(8, 8, bias=False)
+    x = torch.randn(4, 8)
+    with per_forward_autocast("cpu"):
+        first = lin(x)
+        with torch.no_grad():
+            lin.weight.mul_(2)
+        assert torch.allclose(lin(x).float(), 2 * first.float(), rtol=2e-2)
+    with torch.autocast("cpu", dtype=torch.bfloat16):  # what the held context does
+        first = lin(x)
+        with torch.no_grad():
+            lin.weight.mul_(2)
+        stale = lin(x)
+    assert torch.equal(stale, first)
+
+
+def test_another_thread_is_left_alone():
+    seen = []
+    model = _Outer(seen)
+    with per_forward_autocast("cpu"):
+        t = threading.Thread(target=lambda: model(torch.randn(2, 4)))
+        t.start()
+        t.join()
+    assert seen == [False]
+
+
+def test_the_optimizer_gets_the_remedys_arguments_and_is_restored():
+    hits = [0]
+    p = [torch.nn.Parameter(torch.ones(2))]
+    original = torch.optim.AdamW.__init__
+    with overridden_optimizer("AdamW", {"foreach": None, "fused": True}, hits=hits):
+        opt = torch.optim.AdamW(p, lr=1e-3, foreach=False)  # the script's own choice is replaced
+        adam = torch.optim.Adam(p)  # another class: untouched
+    assert hits == [1] and opt.param_groups[0]["fused"] is True
+    assert opt.param_groups[0]["foreach"] is None and not adam.param_groups[0]["fused"]
+    assert torch.optim.AdamW.__init__ is original
+
+
+def test_the_frameworks_own_switch_is_set_on_its_entry_class(tmp_path):
+    pytest.importorskip("transformers")
+    from transformers import TrainingArguments
+
+    hits = [0]
+    with framework_precision("transformers", hits=hits):
+        args = TrainingArguments(output_dir=str(tmp_path), fp16=False, use_cpu=True)
+    assert hits == [1] and args.bf16 is True
+    assert TrainingArguments(output_dir=str(tmp_path), use_cpu=True).bf16 is False
+
+
+def _frame(name, back=None):
+    return types.SimpleNamespace(f_globals={"__name__": name}, f_back=back)
+
+
+def test_the_framework_is_the_outermost_training_package_on_the_stack():
+    inner = _frame("torch.optim.optimizer", _frame("accelerate.optimizer",
+                                                   _frame("transformers.trainer", _frame("__main__"))))
+    assert framework_of_stack(inner) == "transformers"  # the Trainer runs Accelerate inside
+    assert framework_of_stack(_frame("accelerate.optimizer", _frame("__main__"))) == "accelerate"
+    assert framework_of_stack(_frame("lightning_fabric.wrappers")) == "lightning.fabric"
+    assert framework_of_stack(_frame("transformers_helper", _frame("__main__"))) is None
+    assert framework_of_stack(_frame("__main__")) is None
+
+
+def _measured(framework=None):
+    return Measurements(steps=[], warmup_steps=0, framework=framework)
+
+
+@pytest.mark.parametrize("framework", sorted(FRAMEWORK_SWITCH))
+def test_bf16_through_a_framework_is_its_switch_and_reruns_through_it(framework):
+    action, why = bf16_action(_measured(framework))
+    assert FRAMEWORK_SWITCH[framework][3] in action and framework in why
+    remedy = Remedy(action=action, expected_speedup=1.5, reason="r", kind="precision")
+    assert _how(remedy, 32) == {"framework": framework}
+
+
+def test_bf16_in_a_plain_loop_is_autocast_per_forward():
+    action, why = bf16_action(_measured())
+    assert action.startswith("bf16 autocast around each forward") and why == ""
+    remedy = Remedy(action=action, expected_speedup=1.5, reason="r", kind="precision")
+    assert _how(remedy, 32) == {"autocast": "bf16"}
+
+
+@pytest.mark.parametrize("action, expected", [
+    ("torch.optim.AdamW(..., fused=True)", ("AdamW", {"foreach": None, "fused": True})),
+    ("torch.optim.SGD(..., foreach=True)", ("SGD", {"foreach": True, "fused": None})),
+])
+def test_an_optimizer_remedy_reruns_through_its_constructor(action, expected):
+    remedy = Remedy(action=action, expected_speedup=1.3, reason="r", kind="optimizer")
+    assert _how(remedy, 32) == {"optimizer": expected}
+    zero = Remedy(action="optimizer.zero_grad(set_to_none=True)", expected_speedup=1.1,
+                  reason="r", kind="zero_grad")
+    assert _how(zero, 32) is None  # inside the script's own loop: not from outside
