@@ -104,3 +104,28 @@ def test_the_update_parts_add_up():
     parts = {"forward": 1.0, "optimizer": 0.5, "zero_grad": 0.1, "clip_grad": 0.2,
              "grad_scaler": 0.05, "lr_scheduler": 0.01}
     assert optimizer_s(parts) == pytest.approx(0.86)
+
+
+def test_compile_and_bf16_bounds_leave_the_update_out():
+    # the forward and loss compiled, or run in bf16, leave the fp32 optimizer update as it was
+    m = _m(replay=_adamw())
+    v = analyze(m)
+    (compile_,) = [r for r in v.remedies if r.kind == "compile"]
+    matmul_ms = 1e9 / 100e9 * 1e3  # 10 ms of the 65 ms compute
+    rest = 65 - matmul_ms - 15  # and 15 ms of it the update
+    assert f"is {rest:.3f} ms" in compile_.reason and "optimizer's 15.000 ms left out" in compile_.reason
+    assert compile_.expected_speedup == round(66 / (66 - rest * 0.2), 2)
+
+
+def test_on_cuda_the_bf16_bound_halves_the_compute_but_not_the_update():
+    parts = {"forward": 0.030, "backward": 0.040, "optimizer": 0.020}
+    steps = [StepSample(step_s=0.100, data_wait_s=0.001, device_busy_s=0.095, parts_s=parts)
+             for _ in range(5)]
+    env = Environment(cpu_count=8, device_type="cuda", device_name="NVIDIA H100",
+                      device_total_bytes=80 * 2**30, tf32_supported=True, tf32_enabled=True)
+    v = analyze(Measurements(steps=steps, warmup_steps=0, env=env, flops_per_step=0.6 * 400e12
+                             * 0.098, matmul_flops_per_s=400e12))
+    (bf16,) = [r for r in v.remedies if r.kind == "precision"]
+    c = v.shares["compute"] - 0.2  # the update's 20 ms of the 100 ms step stay fp32
+    assert bf16.expected_speedup == round(1 / (1 - c * 0.5), 2)
+    assert "less the optimizer's 20.0%" in bf16.reason

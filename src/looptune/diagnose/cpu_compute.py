@@ -22,9 +22,12 @@ SDPA_FLASH_CPU = "_scaled_dot_product_flash_attention_for_cpu"
 _MIN_BF16_GAIN = 1.1  # a bf16 matmul rate below 1.1x the fp32 one: no bf16 remedy
 
 
-def cpu_compute_remedies(m: Measurements, *, step_s: float, compute_s: float) -> list[Remedy]:
+def cpu_compute_remedies(m: Measurements, *, step_s: float, compute_s: float,
+                         update_s: float = 0.0) -> list[Remedy]:
     """bf16 autocast and torch.compile remedies for a CPU step, with measured bounds; the
-    fallback (no FLOP count or rates) is a low bound for bf16 alone."""
+    fallback (no FLOP count or rates) is a low bound for bf16 alone. ``update_s``: the optimizer's
+    parts of the compute (timed in the step), which compiling the forward and loss leaves as
+    they are."""
     fp32, bf16, flops = m.matmul_flops_per_s, m.bf16_matmul_flops_per_s, m.flops_per_step
     if not (fp32 and flops and step_s > 0):
         c = compute_s / step_s if step_s > 0 else 0.0
@@ -55,14 +58,16 @@ def cpu_compute_remedies(m: Measurements, *, step_s: float, compute_s: float) ->
             f"{matmul_s * (fp32 / bf16) * 1e3:.3f} ms at the bf16 rate: saves "
             f"{saved * 1e3:.3f} of {step_s * 1e3:.3f} ms (an estimate: bf16 also halves the bytes "
             f"of element-wise ops, which this leaves out){note}")))
-    rest_s = compute_s - matmul_s
+    rest_s = compute_s - matmul_s - update_s
+    update = (f" (the optimizer's {update_s * 1e3:.3f} ms left out: compiling the forward and "
+              "the loss does not touch the update)" if update_s > 0 else "")
     if rest_s > 0:
         out.append(_bounded(
             "torch.compile the forward and the loss as one function: "
             "torch.compile(lambda x, y: loss_fn(model(x), y)) (looptune step.compile=default)",
             step_s, rest_s * FUSABLE_FRACTION, (
                 f"compute beyond the matmuls' time at the measured rate is {rest_s * 1e3:.3f} ms "
-                f"({rest_s / step_s:.1%} of the step): element-wise ops, norms, softmax and "
+                f"({rest_s / step_s:.1%} of the step{update}): element-wise ops, norms, softmax and "
                 f"per-op dispatch, which inductor fuses; assumed {FUSABLE_FRACTION:.0%} of it "
                 "goes (more with bf16 autocast, whose casts fuse too). Compiling takes tens of "
                 "seconds once (reported apart)")))

@@ -83,6 +83,8 @@ def time_to_loss(before: tuple[list[float | None], list[float], int],
     the rerun's time to the same loss (a trailing mean of the same window), None when the rerun
     never got there (``reason`` says what it reached instead)."""
     (lb, sb, mb), (la, sa, ma) = before, after
+    lb, la = lb[:len(sb)], la[:len(sa)]  # the steps with both a loss and a wall time
+    sb, sa = sb[:len(lb)], sa[:len(la)]
     if len(lb) < MIN_STEPS or len(la) < MIN_STEPS or not _finite(lb) or not _finite(la):
         return {"speedup": None, "reason": f"needs {MIN_STEPS}+ steps with a finite loss in "
                 f"each run (got {len(lb)} and {len(la)})"}

@@ -374,11 +374,14 @@ def _overhead_remedies(m: Measurements, p: _Profile, *, memory_bound: bool) -> l
 
 def _compute_remedies(m: Measurements, p: _Profile) -> list[Remedy]:
     c = p.shares["compute"]
-    if p.on_cuda:
-        return [_remedy(bf16_action(m, "cuda")[0], c, 0.5,
-                        f"compute is {c:.1%} of the step; bf16 tensor cores roughly halve it: "
-                        f"1/(1 - {c:.4f} x 0.5)", "precision")]
-    return cpu_compute_remedies(m, step_s=p.step_s, compute_s=p.phase_s["compute"])
+    if p.on_cuda:  # the optimizer's parts stay fp32 under autocast: not halved
+        u = min(c, optimizer_s(p.part_s) / p.step_s) if p.step_s > 0 else 0.0
+        less = f" less the optimizer's {u:.1%}" if u > 0 else ""
+        return [_remedy(bf16_action(m, "cuda")[0], c - u, 0.5,
+                        f"compute is {c:.1%} of the step{less}; bf16 tensor cores roughly halve "
+                        f"it: 1/(1 - {c - u:.4f} x 0.5)", "precision")]
+    return cpu_compute_remedies(m, step_s=p.step_s, compute_s=p.phase_s["compute"],
+                                update_s=optimizer_s(p.part_s))
 
 
 def _memory_remedies(m: Measurements, p: _Profile) -> list[Remedy]:

@@ -42,6 +42,10 @@ from looptune.errors import ConfigError, MeasurementError
 __all__ = ["RERUNNABLE", "SHORT", "apply_measured", "parse_loader_action", "verify_remedy"]
 
 SHORT = 0.7  # a measured gain below this share of the promised bound is reported as short of it
+# remedies that change the training: rerun for the original's wall time, judged by the loss each
+# run reached against time (its time to the original's final loss); bf16 must also train like the
+# original over the same steps (loss parity)
+CHANGES_TRAINING = ("batch", "precision")
 RERUNNABLE = ("loader", "batch", "tensorized", "precision", "optimizer")
 _IMPL_OF = {"fused=True": "fused", "foreach=True": "foreach", "foreach=False": "for-loop"}
 
@@ -107,7 +111,7 @@ def verify_remedy(verdict: Verdict, before: Any, steps: int, rerun: Callable[...
     kw = {"loader_overrides": None, "autocast": None, "framework": None, "optimizer": None,
           "seconds": None, **how}
     overrides = kw["loader_overrides"]
-    if remedy.kind == "batch":  # changes the training: the same wall time, judged by loss
+    if remedy.kind in CHANGES_TRAINING:  # the same wall time, judged by the loss reached
         kw["seconds"] = sum(before.step_s)
     out: dict[str, Any] = {
         "remedy": remedy.action, "kind": remedy.kind, "overrides": overrides,
@@ -152,9 +156,9 @@ def verify_remedy(verdict: Verdict, before: Any, steps: int, rerun: Callable[...
     # a larger batch is compared per sample: each step then carries new/old times the samples
     scale = overrides["batch_size"] / batch if remedy.kind == "batch" else 1.0
     out["speedup"] = per_step * scale if applied and complete else None
-    if remedy.kind == "batch":
-        _judge_by_loss(out, before, after)
-    else:
+    if remedy.kind in CHANGES_TRAINING:
+        _judge_by_loss(out, before, after, remedy.kind)
+    if remedy.kind != "batch":  # the same steps must train alike (another batch: not the same)
         _check_parity(out, before, after)
     if not applied and predecode.refused:
         out["reason"] = ("the dataset was not pre-decoded for the rerun: "
@@ -178,23 +182,28 @@ def _check_parity(out: dict[str, Any], before: Any, after: Any) -> None:
                         list(getattr(after, "losses", []) or []))
     out["loss_parity"], out["loss_check"] = check["parity"], check
     if check["parity"] is False:
-        out["per_step_speedup"], out["speedup"] = out["speedup"], None
+        out.setdefault("per_step_speedup", out["speedup"])  # context only
+        out["speedup"] = None
         out["changes_training"] = (f"changes the training: loss {check['after_loss']:.4g} vs "
                                    f"{check['before_loss']:.4g} at step {check['at_step']} "
                                    f"({check['reason']}): not a speedup")
 
 
-def _judge_by_loss(out: dict[str, Any], before: Any, after: Any) -> None:
-    """A larger batch: the loss each run reached against wall-clock time, same time budget."""
-    out["per_sample"] = True
-    out["per_sample_speedup"] = out["speedup"]  # context only, never the promised gain
+def _judge_by_loss(out: dict[str, Any], before: Any, after: Any, kind: str) -> None:
+    """A remedy that changes the training (a larger batch, bf16): the loss each run reached
+    against wall-clock time, the same time budget; its throughput is context only."""
+    if kind == "batch":
+        out["per_sample"] = True
+        out["per_sample_speedup"] = out["speedup"]  # context only, never the promised gain
+    else:
+        out["per_step_speedup"] = out["speedup"]
     runs = [(list(getattr(r, "losses", []) or []), list(getattr(r, "all_step_s", []) or []),
              getattr(r, "measured_from", 0)) for r in (before, after)]
     check = time_to_loss(*runs)
     out["time_to_loss"], out["loss_parity"] = check, None
     out["speedup"] = check["speedup"] if out["speedup"] is not None else None
     out["judged_by"] = "time to the original's loss, the same wall time for both runs"
-    if check["speedup"] is None or check["speedup"] < 1:
+    if check["speedup"] is None or (kind == "batch" and check["speedup"] < 1):
         out["changes_training"] = f"changes the training: {check['reason']}"
 
 
