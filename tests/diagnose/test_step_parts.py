@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import looptune
-from looptune.diagnose.parity import loss_parity
+from looptune.measure.parity import loss_parity
 from looptune.diagnose.runner import _run_once
 from looptune.diagnose.verify import CHANGES_TRAINING
 

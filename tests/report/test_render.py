@@ -29,7 +29,22 @@ def _results(*runs):
 def test_rows_show_speedup_against_the_first_run():
     rows = bench_rows(_results(_run("a", 4.0), _run("b", 1.0)))
     assert rows[0][4] == "1.00x" and rows[1][4] == "4.00x"
-    assert rows[1][6] == "96.12%" and rows[1][7] == "50%" and rows[1][8] == "3.0 MiB"
+    assert rows[0][6] == "baseline" and rows[1][6] == "yes"
+    assert rows[1][7] == "96.12%" and rows[1][8] == "50%" and rows[1][9] == "3.0 MiB"
+
+
+def test_a_faster_recipe_that_stopped_learning_is_flagged_not_just_faster():
+    # baseline 2.3 -> 0.25; the fast one ends at 2.1: its 4x is not the same training
+    res = _results(_run("a", 4.0), _run("b", 1.0, epoch_loss=[2.1]), _run("c", 2.0,
+                                                                          epoch_loss=[0.27]))
+    rows = bench_rows(res)
+    assert rows[1][6] == "NO (+1.85)" and rows[2][6] == "yes"  # 0.02 < a tenth of 2.05
+    notes = bench_notes(res)
+    assert any(n.startswith("b: changes the training") and "2.1 vs 0.25" in n for n in notes)
+    assert not any(n.startswith("c: changes") for n in notes)
+    runs = res.to_dict()["runs"]
+    assert runs[0]["loss_parity"] is None and runs[1]["loss_parity"]["parity"] is False
+    assert type(res).from_dict(res.to_dict()).loss_parity()[1]["parity"] is False
 
 
 def test_optional_columns_appear_only_when_measured():

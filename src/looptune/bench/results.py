@@ -9,6 +9,7 @@ from typing import Any
 
 from looptune._io import atomic_write_text
 from looptune.errors import DataError
+from looptune.measure.parity import epoch_loss_parity
 from looptune.measure.results import RunResult
 
 __all__ = ["SCHEMA_VERSION", "BenchResults"]
@@ -35,6 +36,15 @@ class BenchResults:
         base = self.runs[0].wall_s
         return [base / r.wall_s for r in self.runs]
 
+    def loss_parity(self) -> list[dict[str, Any] | None]:
+        """Per run: does it still train as the first (baseline) run did? Its last-epoch loss
+        against the baseline's (:func:`~looptune.measure.parity.epoch_loss_parity`); None for
+        the baseline itself. A faster run without parity is not the same training."""
+        base = self.runs[0] if self.runs else None
+        return [None if i == 0 or base is None else
+                epoch_loss_parity(base.first_loss, base.epoch_loss, r.epoch_loss)
+                for i, r in enumerate(self.runs)]
+
     def scaling_efficiency(self) -> list[float | None]:
         """Per run: samples/s / (world_size x single-process samples/s); None without a baseline."""
         base = self.single_process or {}
@@ -43,8 +53,10 @@ class BenchResults:
 
     def to_dict(self) -> dict[str, Any]:
         runs = []
-        for run, speedup, eff in zip(self.runs, self.speedups(), self.scaling_efficiency()):
-            runs.append({**run.to_dict(), "speedup": speedup, "scaling_efficiency": eff})
+        for run, speedup, eff, parity in zip(self.runs, self.speedups(),
+                                             self.scaling_efficiency(), self.loss_parity()):
+            runs.append({**run.to_dict(), "speedup": speedup, "scaling_efficiency": eff,
+                         "loss_parity": parity})
         return {"kind": "bench", "schema_version": SCHEMA_VERSION, "workload": self.workload,
                 "epochs": self.epochs, "seed": self.seed, "world_size": self.world_size,
                 "backend": self.backend, "single_process": self.single_process, "unit": self.unit,
@@ -57,7 +69,7 @@ class BenchResults:
         if version != SCHEMA_VERSION:
             raise DataError(f"results schema_version={version!r} is not supported: this looptune "
                             f"reads version {SCHEMA_VERSION}. Re-run the bench with this version.")
-        derived = {"speedup", "s_per_epoch", "scaling_efficiency"}
+        derived = {"speedup", "s_per_epoch", "scaling_efficiency", "loss_parity"}
         runs = [RunResult(**{k: v for k, v in run.items() if k not in derived})
                 for run in data["runs"]]
         return cls(workload=data["workload"], epochs=data["epochs"], seed=data["seed"],

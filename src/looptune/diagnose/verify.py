@@ -17,7 +17,7 @@ kind); otherwise the highest-ranked one that is, and the result says so. A measu
 ``SHORT`` x its bound is reported as falling short, and the remedy is ranked by what it measured,
 not by what it promised.
 
-Every rerun is checked for **loss parity** (:mod:`looptune.diagnose.parity`): a remedy whose rerun
+Every rerun is checked for **loss parity** (:mod:`looptune.measure.parity`): a remedy whose rerun
 does not train like the original ("changes the training: loss X vs Y at step N") is never a
 speedup. A larger batch changes the training by design: its rerun runs for the same wall time
 as the original's measured steps and is judged by the time each took to the original's final
@@ -35,7 +35,7 @@ from typing import Any
 from looptune.diagnose import predecode
 from looptune.diagnose.apply import FRAMEWORK_SWITCH
 from looptune.diagnose.model import Remedy, Verdict
-from looptune.diagnose.parity import loss_parity, time_to_loss
+from looptune.measure.parity import loss_parity, time_to_loss
 from looptune.diagnose.update_replay import impl_kwargs
 from looptune.errors import ConfigError, MeasurementError
 

@@ -13,8 +13,9 @@ from looptune.bench.results import BenchResults
 __all__ = ["tokens_per_sample", "bench_markdown", "bench_notes", "bench_rows", "bench_table", "columns", "format_bytes", "wide_console"]
 
 # "loss" is the last epoch's average batch loss, as the reference prints it per epoch
-COLUMNS = ["recipe", "total s", "s/epoch", "samples/s", "speedup", "loss", "test acc",
-           "data wait", "peak mem"]
+# "loss parity": the last epoch's loss within tolerance of the first (baseline) run's
+COLUMNS = ["recipe", "total s", "s/epoch", "samples/s", "speedup", "loss", "loss parity",
+           "test acc", "data wait", "peak mem"]
 
 
 def wide_console() -> Console:
@@ -56,10 +57,11 @@ def bench_rows(results: BenchResults) -> list[list[str]]:
     rows, names = [], columns(results)
     efficiency = results.scaling_efficiency()
     tokens = tokens_per_sample(results)
-    for run, speedup, eff in zip(results.runs, results.speedups(), efficiency):
+    for run, speedup, eff, parity in zip(results.runs, results.speedups(), efficiency,
+                                         results.loss_parity()):
         row = [run.recipe, f"{run.wall_s:.2f}", f"{run.s_per_epoch:.3f}",
                f"{run.samples_per_s:,.0f}", f"{speedup:.2f}x", f"{run.epoch_loss[-1]:.4f}",
-               run.metric_spec.format(run.metric), f"{100 * run.data_wait_fraction:.0f}%",
+               _parity_cell(parity), run.metric_spec.format(run.metric), f"{100 * run.data_wait_fraction:.0f}%",
                format_bytes(run.peak_mem_bytes)]
         if tokens:
             row.insert(4, f"{run.samples_per_s * tokens:,.0f}")
@@ -72,6 +74,13 @@ def bench_rows(results: BenchResults) -> list[list[str]]:
                     "n/a" if eff is None else f"{100 * eff:.0f}%"]
         rows.append(row)
     return rows
+
+
+def _parity_cell(parity: dict[str, Any] | None) -> str:
+    if parity is None:
+        return "baseline"
+    return {True: "yes", False: f"NO ({parity.get('after_loss', 0) - parity.get('before_loss', 0):+.3g})",
+            None: "n/a"}[parity["parity"]]
 
 
 def _slowest(run) -> str:
@@ -111,9 +120,15 @@ def bench_notes(results: BenchResults) -> list[str]:
     """What the table cannot say: memory kind, automatic changes with their reasons."""
     kinds = {r.peak_mem_kind for r in results.runs}
     notes = [f"peak mem: {_KIND_TEXT.get(k, k)}" for k in sorted(kinds)]
-    notes.append("loss: the last epoch's mean batch loss. data wait: share of training time the "
+    notes.append("loss: the last epoch's mean batch loss; loss parity: within a tenth of the "
+                 "baseline's progress from its first step (or 2% of its loss) of the first "
+                 "run's. data wait: share of training time the "
                  "loop spent blocked on the next batch. total s excludes evaluation, setup and "
                  "compilation.")
+    for run, parity in zip(results.runs, results.loss_parity()):
+        if parity is not None and parity["parity"] is False:
+            notes.append(f"{run.recipe}: changes the training, its speedup is not the same "
+                         f"training's: {parity['reason']}")
     if results.world_size > 1:
         notes.append(
             f"{results.world_size} ranks ({results.backend}), each training on its share of "

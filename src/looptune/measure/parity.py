@@ -9,6 +9,9 @@ from) and the steps' wall times; no torch.
   unmodified run made over the compared steps, whichever is larger. A rerun that stopped learning
   (its loss where the original's was at the start) fails it; one that trains the same passes,
   seeded or not.
+* :func:`epoch_loss_parity` compares two runs' last-epoch mean losses (a bench recipe against
+  the baseline recipe; each an average over every batch of the epoch, so its noise is small): a
+  gap within a tenth of the baseline's progress from its first step, or 2% of its loss.
 * :func:`time_to_loss` judges a remedy that changes the training (a larger batch): the loss each
   run reached against wall-clock time, and the time each took to the loss the original ended at.
   Per-sample throughput is no gain when more samples are needed for the same loss.
@@ -20,11 +23,12 @@ import math
 from statistics import mean, median, stdev
 from typing import Any
 
-__all__ = ["MIN_STEPS", "PROGRESS_FRACTION", "loss_parity", "time_to_loss"]
+__all__ = ["MIN_STEPS", "PROGRESS_FRACTION", "epoch_loss_parity", "loss_parity", "time_to_loss"]
 
 MIN_STEPS = 8  # fewer common steps with a loss: parity is not judged (None)
 PROGRESS_FRACTION = 0.1  # a gap under this share of the original's progress is still parity
 NOISE_SE = 3.0  # standard errors of the difference of the window means
+EPOCH_RELATIVE = 0.02  # epoch means: a gap within 2% of the baseline's loss is still parity
 
 
 def _window(n: int) -> int:
@@ -58,6 +62,26 @@ def loss_parity(before: list[float | None], after: list[float | None]) -> dict[s
            f"{PROGRESS_FRACTION:.0%} of the progress {start_b:.4g} -> {end_b:.4g}))")
     return {**out, "parity": same, "window": w, "before_loss": end_b, "after_loss": end_a,
             "at_step": n, "tolerance": tol, "reason": why}
+
+
+def epoch_loss_parity(base_first: float, base_epochs: list[float],
+                      epochs: list[float]) -> dict[str, Any]:
+    """A run's last-epoch mean loss against the baseline's (``base_first``: the baseline's first
+    step loss, where its progress is measured from). ``parity`` None when either is missing or
+    not finite, or they ran a different number of epochs."""
+    if (not base_epochs or len(base_epochs) != len(epochs)
+            or not _finite([base_first, *base_epochs, *epochs])):
+        return {"parity": None, "reason": f"{len(base_epochs)} vs {len(epochs)} finite epoch "
+                "losses: needs the same epochs with a finite loss"}
+    base, loss = base_epochs[-1], epochs[-1]
+    progress = abs(base_first - base)
+    tol = max(PROGRESS_FRACTION * progress, EPOCH_RELATIVE * abs(base), 1e-6)
+    gap = loss - base
+    return {"parity": abs(gap) <= tol, "before_loss": base, "after_loss": loss,
+            "at_epoch": len(epochs), "tolerance": tol, "reason": (
+                f"epoch {len(epochs)} mean loss {loss:.4g} vs {base:.4g} for the baseline (gap "
+                f"{gap:+.3g}; tolerance {tol:.3g} = max({PROGRESS_FRACTION:.0%} of its progress "
+                f"{base_first:.4g} -> {base:.4g}, {EPOCH_RELATIVE:.0%} of its loss))")}
 
 
 def _clock(step_s: list[float], measured_from: int) -> list[float]:

@@ -1,4 +1,4 @@
-"""Loss parity and time to the same loss (diagnose.parity): pure functions on per-step losses."""
+"""Loss parity and time to the same loss (measure.parity): pure functions on per-step losses."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from looptune.diagnose.parity import MIN_STEPS, loss_parity, time_to_loss
+from looptune.measure.parity import MIN_STEPS, loss_parity, time_to_loss
 
 
 def _noisy(start, end, n, noise, seed):
@@ -68,3 +68,16 @@ def test_warm_up_steps_count_the_median_measured_step():
     step_s = [0.1] * 5 + [0.01] * 15
     out = time_to_loss((losses, step_s, 5), (losses, [0.01] * 20, 0))
     assert out["before_total_s"] == pytest.approx(0.2) and out["speedup"] == pytest.approx(1.0)
+
+
+def test_epoch_loss_parity_uses_the_baselines_progress():
+    from looptune.measure.parity import epoch_loss_parity
+
+    assert epoch_loss_parity(2.3, [0.5, 0.3], [0.6, 0.35])["parity"] is True  # 0.05 <= 0.2
+    out = epoch_loss_parity(2.3, [0.5, 0.3], [2.2, 2.25])
+    assert out["parity"] is False and "epoch 2 mean loss 2.25 vs 0.3" in out["reason"]
+    # no progress at all: 2% of the loss
+    assert epoch_loss_parity(1.0, [1.0], [1.015])["parity"] is True
+    assert epoch_loss_parity(1.0, [1.0], [1.03])["parity"] is False
+    assert epoch_loss_parity(2.3, [0.5], [0.5, 0.4])["parity"] is None
+    assert epoch_loss_parity(2.3, [0.5], [math.nan])["parity"] is None
