@@ -418,8 +418,10 @@ def test_tiny_ops_are_overhead_and_the_batch_remedy_pays_when_rerun():
     # given the same wall time (context: per sample), never the per-sample figure
     tl = v["time_to_loss"]
     assert v["judged_by"].startswith("time to the original's loss") and v["loss_parity"] is None
-    assert tl["after_total_s"] >= 0.5 * tl["before_total_s"], tl
-    assert v["speedup"] is None or v["speedup"] == pytest.approx(tl["before_s"] / tl["after_s"])
+    # its regression targets are noisy: the loss hovers at ~1.4 over 60 steps, a plateau on
+    # which "time to the same loss" is noise, so the rerun is not judged (no gain is counted)
+    assert tl["progress"] is False and v["speedup"] is None, tl["reason"]
+    assert v["reason"].startswith("not judged: the original's loss did not fall")
 
 
 @pytest.mark.integration
@@ -445,3 +447,37 @@ def test_a_slow_phase_during_the_script_only_leaves_a_compute_step_compute(monke
     e = d.evidence
     assert e["in_step_ms"] > e["replay_small_ms"]  # the slow phase, seen in the steps
     assert d.bottleneck == "compute" and e["fixed_share"] < 0.3, e
+
+
+def test_on_a_plateau_bf16_is_judged_per_step_and_a_batch_is_not_judged():
+    bf16 = Remedy(action="bf16 autocast around each forward: with torch.autocast('cpu', "
+                         "dtype=torch.bfloat16): loss = loss_fn(model(x), y)",
+                  expected_speedup=1.5, reason="r", kind="precision")
+    before = _before()
+    before.losses = [2.3 + 0.01 * (-1) ** i for i in range(40)]  # no progress
+    before.step_s = before.all_step_s = [0.01] * 40
+    before.measured_from = 0
+
+    def rerun(**_):  # 1.25x per step; its noise dips below the original's mean at once
+        return SimpleNamespace(measurements=SimpleNamespace(loaders=[]), step_s=[0.008] * 50,
+                               error=None, stopped="seconds", applied=50, measured_from=0,
+                               all_step_s=[0.008] * 50,
+                               losses=[2.29 + 0.01 * (-1) ** i for i in range(50)])
+
+    out = verify_remedy(_verdict(bf16), before, 40, rerun)
+    assert out["speedup"] == pytest.approx(1.25) and out["loss_parity"] is True
+    assert out["judged_by"].startswith("per step: the original's loss did not fall")
+    batch = Remedy(action="batch_size 64 -> 256 (fewer, larger steps)", expected_speedup=2.0,
+                   reason="r", kind="batch")
+
+    def bigger(**_):
+        info = SimpleNamespace(batch_size=256)
+        return SimpleNamespace(measurements=SimpleNamespace(loaders=[info]), step_s=[0.02] * 20,
+                               error=None, stopped="seconds", all_step_s=[0.02] * 20,
+                               losses=[2.29 + 0.01 * (-1) ** i for i in range(20)],
+                               measured_from=0)
+
+    out = verify_remedy(_verdict(batch), before, 40, bigger)
+    assert out["speedup"] is None and out["per_sample_speedup"] == pytest.approx(2.0)
+    assert out["reason"].startswith("not judged: the original's loss did not fall")
+    assert out["changes_training"] is None

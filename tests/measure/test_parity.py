@@ -81,3 +81,22 @@ def test_epoch_loss_parity_uses_the_baselines_progress():
     assert epoch_loss_parity(1.0, [1.0], [1.03])["parity"] is False
     assert epoch_loss_parity(2.3, [0.5], [0.5, 0.4])["parity"] is None
     assert epoch_loss_parity(2.3, [0.5], [math.nan])["parity"] is None
+
+
+def test_time_to_loss_is_not_judged_on_a_plateau():
+    # random labels: the loss never falls, so whichever run dips to the final mean first is noise
+    flat = _noisy(2.3, 2.3, 40, 0.05, 4)
+    other = _noisy(2.3, 2.3, 80, 0.05, 5)
+    out = time_to_loss((flat, [0.01] * 40, 0), (other, [0.005] * 80, 0))
+    assert out["speedup"] is None and out["progress"] is False
+    assert "did not fall beyond its noise" in out["reason"]
+
+
+def test_a_fall_below_five_percent_of_the_loss_is_a_plateau_too():
+    # compute_heavy.py (random labels): 2.315 -> 2.298 in 26 steps, steady but tiny; a bf16
+    # rerun's loss moves in steps of 0.016 and "reached" it at its first step (51x, before)
+    before = [2.315 - 0.00068 * i for i in range(26)]
+    after = [2.297 if i % 3 else 2.3125 for i in range(46)]
+    out = time_to_loss((before, [0.05] * 26, 0), (after, [0.027] * 46, 0))
+    assert out["speedup"] is None and out["progress"] is False
+    assert "5% of the loss" in out["reason"]

@@ -156,9 +156,11 @@ def verify_remedy(verdict: Verdict, before: Any, steps: int, rerun: Callable[...
     # a larger batch is compared per sample: each step then carries new/old times the samples
     scale = overrides["batch_size"] / batch if remedy.kind == "batch" else 1.0
     out["speedup"] = per_step * scale if applied and complete else None
-    if remedy.kind in CHANGES_TRAINING:
+    if not applied:
+        out["loss_parity"] = None  # nothing was applied: nothing to compare
+    elif remedy.kind in CHANGES_TRAINING:
         _judge_by_loss(out, before, after, remedy.kind)
-    if remedy.kind != "batch":  # the same steps must train alike (another batch: not the same)
+    if applied and remedy.kind != "batch":  # the same steps must train alike
         _check_parity(out, before, after)
     if not applied and predecode.refused:
         out["reason"] = ("the dataset was not pre-decoded for the rerun: "
@@ -201,9 +203,15 @@ def _judge_by_loss(out: dict[str, Any], before: Any, after: Any, kind: str) -> N
              getattr(r, "measured_from", 0)) for r in (before, after)]
     check = time_to_loss(*runs)
     out["time_to_loss"], out["loss_parity"] = check, None
+    if check.get("progress") is False and kind != "batch":
+        # a plateau: bf16 is judged per step, over the same steps by loss parity alone
+        out["judged_by"] = f"per step: {check['reason']}"
+        return
     out["speedup"] = check["speedup"] if out["speedup"] is not None else None
     out["judged_by"] = "time to the original's loss, the same wall time for both runs"
-    if check["speedup"] is None or (kind == "batch" and check["speedup"] < 1):
+    if check.get("progress") is False:
+        out["reason"] = f"not judged: {check['reason']}"
+    elif check["speedup"] is None or (kind == "batch" and check["speedup"] < 1):
         out["changes_training"] = f"changes the training: {check['reason']}"
 
 

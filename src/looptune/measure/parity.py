@@ -28,6 +28,10 @@ __all__ = ["MIN_STEPS", "PROGRESS_FRACTION", "epoch_loss_parity", "loss_parity",
 MIN_STEPS = 8  # fewer common steps with a loss: parity is not judged (None)
 PROGRESS_FRACTION = 0.1  # a gap under this share of the original's progress is still parity
 NOISE_SE = 3.0  # standard errors of the difference of the window means
+# time to the same loss needs the original to have fallen this share of its starting loss: a
+# smaller fall is below the resolution at which two runs' losses compare (a bf16 loss near 2.3
+# moves in steps of 0.016; random labels fall 2.315 -> 2.298 in 26 steps)
+MIN_PROGRESS = 0.05
 EPOCH_RELATIVE = 0.02  # epoch means: a gap within 2% of the baseline's loss is still parity
 
 
@@ -113,6 +117,15 @@ def time_to_loss(before: tuple[list[float | None], list[float], int],
         return {"speedup": None, "reason": f"needs {MIN_STEPS}+ steps with a finite loss in "
                 f"each run (got {len(lb)} and {len(la)})"}
     w = _window(len(lb))
+    start, end = mean(lb[:w]), mean(lb[-w:])  # type: ignore[arg-type]
+    se = math.sqrt((stdev(lb[:w]) ** 2 + stdev(lb[-w:]) ** 2) / w)  # type: ignore[arg-type]
+    need = max(NOISE_SE * se, MIN_PROGRESS * abs(start))
+    if start - end <= need:  # a plateau: which run "gets there" first is noise
+        return {"speedup": None, "progress": False, "window": w, "reason": (
+            f"the original's loss did not fall beyond its noise over its {len(lb)} steps "
+            f"({start:.4g} -> {end:.4g}; needs a fall of {need:.3g} = max({NOISE_SE:g} x the "
+            f"noise {se:.3g}, {MIN_PROGRESS:.0%} of the loss)): the time to the same loss "
+            "cannot be judged")}
     tb, ta = _clock(sb, mb), _clock(sa, ma)
     smooth_b, smooth_a = _smoothed(lb, w), _smoothed(la, w)  # type: ignore[arg-type]
     target = smooth_b[-1]
@@ -120,7 +133,7 @@ def time_to_loss(before: tuple[list[float | None], list[float], int],
     reached = next((t for t, v in zip(ta, smooth_a) if v <= target), None)
     # the rerun's loss at the original's last moment (its last step by then)
     at_end = next((v for t, v in reversed(list(zip(ta, smooth_a))) if t <= tb[-1]), smooth_a[0])
-    out = {"target_loss": target, "before_s": t_before, "before_total_s": tb[-1],
+    out = {"progress": True, "target_loss": target, "before_s": t_before, "before_total_s": tb[-1],
            "after_total_s": ta[-1], "after_loss_at_same_time": at_end, "window": w,
            "losses_before": lb, "losses_after": la}
     if reached is None:
