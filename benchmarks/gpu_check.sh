@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The device checks for a lent GPU, in one short run (see the device tool's README): the CUDA-only
 # tests, the reference bench on CUDA (CUDA graphs, fp16 + GradScaler, pinned prefetch ring), the
-# single-GPU NCCL path (one launched rank, DDP), and diagnose/tune on the GPU. Everything lands in
+# single-GPU NCCL path (one launched rank, DDP), and diagnose/tune on the GPU (the step's parts
+# and the optimizer remedy too). Everything lands in
 # $OUT; each step has its own time limit so one slow step cannot eat the whole lease (the limits add
 # up to 570 s: under one device call's 600 s; give the call timeout_s=600).
 #
@@ -28,8 +29,8 @@ step() {  # step NAME SECONDS COMMAND...: run with a limit, keep its output and 
 }
 
 step env 30 bash -c 'nvidia-smi; python -c "import torch; print(torch.__version__, torch.cuda.get_device_name(0), torch.version.cuda)"; echo LOOPTUNE_DATA=$LOOPTUNE_DATA'
-step cuda-tests 120 python -m pytest -q -x -m "not integration" tests/engine tests/data/test_prefetch.py tests/tune/test_batch.py tests/dist/test_launch_and_ddp_unit.py -rs
-step bench-cuda 150 python -m looptune bench mnist --device cuda --epochs 5 \
+step cuda-tests 110 python -m pytest -q -x -m "not integration" tests/engine tests/data/test_prefetch.py tests/tune/test_batch.py tests/dist/test_launch_and_ddp_unit.py -rs
+step bench-cuda 130 python -m looptune bench mnist --device cuda --epochs 5 \
   --recipes seed-baseline,seed-pinned,tensorized,device,fast --json "$OUT/bench.json" --report "$OUT/bench-report"
 step switches-fp16 45 python -m looptune bench mnist --device cuda --epochs 5 --recipes device \
   --set step.precision=fp16 --json "$OUT/fp16.json"
@@ -37,5 +38,9 @@ step nccl-1rank 75 python -m torch.distributed.run --standalone --nproc_per_node
   --device cuda --epochs 5 --recipes device,fast --json "$OUT/nccl1.json"
 step diagnose-baseline 45 python -m looptune diagnose --json "$OUT/diag.json" examples/mnist_tutorial.py --data "$LOOPTUNE_DATA"
 step diagnose-pinned 45 python -m looptune diagnose --json "$OUT/diag-pin.json" examples/mnist_tutorial.py --data "$LOOPTUNE_DATA" --workers 8 --pin
-step tune-batch 60 python -m looptune tune batch-size --workload mnist-mlp --data "$LOOPTUNE_DATA" --device cuda --budget-s 40 --json "$OUT/tune-batch.json"
+step tune-batch 50 python -m looptune tune batch-size --workload mnist-mlp --data "$LOOPTUNE_DATA" --device cuda --budget-s 40 --json "$OUT/tune-batch.json"
+# the step's parts on CUDA, AdamW's foreach update replayed against fused (synchronized), and the
+# fused remedy rerun with loss parity
+step diagnose-update 40 python -m looptune diagnose --steps 40 --verify-kind optimizer \
+  --json "$OUT/diag-update.json" tests/diagnose/scripts/update_heavy.py
 echo "results in $OUT"
