@@ -100,3 +100,13 @@ def test_a_fall_below_five_percent_of_the_loss_is_a_plateau_too():
     out = time_to_loss((before, [0.05] * 26, 0), (after, [0.027] * 46, 0))
     assert out["speedup"] is None and out["progress"] is False
     assert "5% of the loss" in out["reason"]
+
+
+def test_mean_loss_parity_within_the_noise_of_two_samples():
+    from looptune.measure.parity import mean_loss_parity
+
+    a, b = _noisy(2.3, 2.3, 40, 0.2, 6), _noisy(2.3, 2.3, 40, 0.2, 7)
+    assert mean_loss_parity(a, b)["parity"] is True
+    out = mean_loss_parity(a, [v + 0.5 for v in b])
+    assert out["parity"] is False and "on its 40 batches" in out["reason"]
+    assert mean_loss_parity([1.0], b)["parity"] is None

@@ -48,6 +48,36 @@ class Batched(Dataset):
         return list(zip(self.x[idx], self.y[idx]))
 
 
+class ScaledInWorkers(Dataset):
+    """A read that differs in a worker process (a handle opened lazily, a per-process cache):
+    the workers deliver other data, quickly."""
+
+    def __init__(self):
+        self.x, self.y = torch.randn(4096, 16), torch.randint(0, 2, (4096,))
+
+    def __len__(self):
+        return 4096
+
+    def __getitem__(self, i):
+        return self.x[i] * (50.0 if get_worker_info() is not None else 1.0), self.y[i]
+
+
+def test_a_setting_that_delivers_other_data_fails_loss_parity():
+    torch.manual_seed(0)
+    res = looptune.tune_loader(ScaledInWorkers(), batch_size=64, model=torch.nn.Linear(16, 2),
+                               device="cpu", budget_s=30, batches=10, repeats=1, max_workers=1)
+    main, worker = res.trials[0], next(t for t in res.trials if t["num_workers"] == 1)
+    assert main["status"] == "ok" and main["loss"] > 0 and "loss_parity" not in main
+    assert worker["status"] == "failed" and worker["loss_parity"] is False
+    assert worker["reason"].startswith("changes the training: the same model's mean loss")
+    assert res.recommended["num_workers"] == 0
+    # and the same data through a worker keeps parity
+    same = looptune.tune_loader(cheap(), batch_size=64, model=torch.nn.Linear(16, 2),
+                                device="cpu", budget_s=30, batches=10, repeats=1, max_workers=1)
+    one = next(t for t in same.trials if t["num_workers"] == 1)
+    assert one["loss_parity"] is True and one["status"] == "ok"
+
+
 def _kwargs(line):
     call = __import__("ast").parse(line.split("  #")[0], mode="eval").body
     return {k.arg: __import__("ast").literal_eval(k.value) for k in call.keywords}

@@ -12,6 +12,9 @@ from) and the steps' wall times; no torch.
 * :func:`epoch_loss_parity` compares two runs' last-epoch mean losses (a bench recipe against
   the baseline recipe; each an average over every batch of the epoch, so its noise is small): a
   gap within a tenth of the baseline's progress from its first step, or 2% of its loss.
+* :func:`mean_loss_parity` compares the mean loss of two sets of batches under the same fixed
+  model (a ``looptune tune`` loader trial at lr 0): the same data gives the same mean, within 3
+  standard errors of the difference.
 * :func:`time_to_loss` judges a remedy that changes the training (a larger batch): the loss each
   run reached against wall-clock time, and the time each took to the loss the original ended at.
   Per-sample throughput is no gain when more samples are needed for the same loss.
@@ -23,7 +26,8 @@ import math
 from statistics import mean, median, stdev
 from typing import Any
 
-__all__ = ["MIN_STEPS", "PROGRESS_FRACTION", "epoch_loss_parity", "loss_parity", "time_to_loss"]
+__all__ = ["MIN_STEPS", "PROGRESS_FRACTION", "epoch_loss_parity", "loss_parity", "mean_loss_parity",
+           "time_to_loss"]
 
 MIN_STEPS = 8  # fewer common steps with a loss: parity is not judged (None)
 PROGRESS_FRACTION = 0.1  # a gap under this share of the original's progress is still parity
@@ -86,6 +90,22 @@ def epoch_loss_parity(base_first: float, base_epochs: list[float],
                 f"epoch {len(epochs)} mean loss {loss:.4g} vs {base:.4g} for the baseline (gap "
                 f"{gap:+.3g}; tolerance {tol:.3g} = max({PROGRESS_FRACTION:.0%} of its progress "
                 f"{base_first:.4g} -> {base:.4g}, {EPOCH_RELATIVE:.0%} of its loss))")}
+
+
+def mean_loss_parity(before: list[float], after: list[float]) -> dict[str, Any]:
+    """Do two sets of per-batch losses (the same fixed model) have the same mean? ``parity``
+    None with fewer than 2 finite losses in either."""
+    if len(before) < 2 or len(after) < 2 or not _finite(before) or not _finite(after):
+        return {"parity": None, "reason": f"{len(before)} and {len(after)} losses: needs 2+ "
+                "finite losses in each"}
+    mb, ma = mean(before), mean(after)
+    se = math.sqrt(stdev(before) ** 2 / len(before) + stdev(after) ** 2 / len(after))
+    tol = max(NOISE_SE * se, 1e-6 * max(1.0, abs(mb)))
+    return {"parity": abs(ma - mb) <= tol, "before_loss": mb, "after_loss": ma,
+            "tolerance": tol, "reason": (
+                f"the same model's mean loss on its {len(after)} batches is {ma:.4g} vs {mb:.4g} "
+                f"on the first setting's {len(before)} (gap {ma - mb:+.3g}; tolerance {tol:.3g} = "
+                f"{NOISE_SE:g} x the noise {se:.3g})")}
 
 
 def _clock(step_s: list[float], measured_from: int) -> list[float]:

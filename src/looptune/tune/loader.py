@@ -16,6 +16,7 @@ from torch.utils.data import DataLoader, Dataset
 from looptune.data.faults import WORKER_GONE, guarded, traced, worker_failure
 from looptune.engine.device import device_problem, resolve_device
 from looptune.errors import ConfigError
+from looptune.measure.parity import mean_loss_parity
 from looptune.recipe import Decision
 
 __all__ = ["LoaderTuneResult", "tune_loader", "dataloader_line"]
@@ -55,22 +56,44 @@ class _Search:
     threshold: float
     deadline: float
     trials: list[dict[str, Any]] = field(default_factory=list)
+    # per batch: the loss of the fixed (lr 0) model in the first trial with a training step
+    base_losses: list[float] | None = None
 
     def measure(self, **settings: Any) -> dict[str, Any]:
-        """samples/s of these settings (median of repeats), recorded as a trial."""
+        """samples/s of these settings (median of repeats), recorded as a trial; with a model,
+        also the mean loss of its batches, which must match the first trial's (loss parity)."""
         trial = {**settings, "samples_per_s": None, "status": "ok", "reason": ""}
+        losses: list[float] = []
         try:
-            rates = [self._rate(settings) for _ in range(self.repeats)]
+            rates = []
+            for _ in range(self.repeats):
+                rate, got = self._rate(settings)
+                rates.append(rate)
+                losses += got
             trial["samples_per_s"] = statistics.median(rates)
         except Exception as err:  # a worker crashed or hung (timeout): record it, go on
             trial.update(status="failed", reason=_short_error(err))
+        if losses and trial["status"] == "ok":
+            self._check_parity(trial, losses)
         self.trials.append(trial)
         return trial
+
+    def _check_parity(self, trial: dict[str, Any], losses: list[float]) -> None:
+        """The same model at lr 0 on these settings' batches: a setting that delivers other data
+        (a broken collate, lost or repeated samples) changes the training, not just its speed."""
+        trial["loss"] = statistics.fmean(losses)
+        if self.base_losses is None:
+            self.base_losses = losses
+            return
+        check = mean_loss_parity(self.base_losses, losses)
+        trial["loss_parity"] = check["parity"]
+        if check["parity"] is False:
+            trial.update(status="failed", reason=f"changes the training: {check['reason']}")
 
     def over_budget(self) -> bool:
         return time.perf_counter() >= self.deadline
 
-    def _rate(self, settings: dict[str, Any]) -> float:
+    def _rate(self, settings: dict[str, Any]) -> tuple[float, list[float]]:
         loader = _loader(self.dataset, self.batch_size, settings)
         step = _trainer(self.model, self.loss_fn, self.device) if self.model is not None else None
         batches = iter(loader)
@@ -96,7 +119,10 @@ class _Search:
             torch.cuda.synchronize(self.device)  # sync: the last steps must finish
         elapsed = time.perf_counter() - t0
         del it, batches  # shuts non-persistent workers down
-        return n * self.batch_size / elapsed
+        # read after the clock: one copy of every batch's loss, no sync per step
+        losses = ([] if step is None or not step.losses else
+                  torch.stack(step.losses).float().cpu().tolist())
+        return n * self.batch_size / elapsed, losses
 
     def _consume(self, batch: Any, step) -> None:
         if step is not None:
@@ -140,9 +166,12 @@ def _trainer(model: torch.nn.Module, loss_fn, device: torch.device):
     def step(batch: Any) -> None:
         x, y = batch[0].to(device, non_blocking=True), batch[1].to(device, non_blocking=True)
         opt.zero_grad(set_to_none=True)
-        loss_fn(twin(x), y).backward()
+        loss = loss_fn(twin(x), y)
+        loss.backward()
         opt.step()
+        step.losses.append(loss.detach())  # kept on the device: read once, after the timing
 
+    step.losses = []  # type: ignore[attr-defined]
     return step
 
 
@@ -273,7 +302,7 @@ def _baseline(search: _Search, settings: dict) -> dict:
     """The latest ok trial with exactly these settings (measured before)."""
     for trial in reversed(search.trials):
         if trial["status"] == "ok" and all(trial.get(k) == v for k, v in settings.items()) and \
-                set(trial) - {"samples_per_s", "status", "reason"} == set(settings):
+                set(trial) - _MEASURED == set(settings):
             return trial
     return search.measure(**settings)
 
@@ -293,6 +322,7 @@ def _compare(search: _Search, settings: dict, name: str, value: Any, what: str) 
     return Decision(name, chosen, reason=reason, evidence={"with": trial, "without": base})
 
 
+_MEASURED = {"samples_per_s", "status", "reason", "loss", "loss_parity"}  # not settings
 _DEFAULTS = {"prefetch_factor": 2, "persistent_workers": False, "pin_memory": False, "batched": True}
 
 
