@@ -75,7 +75,8 @@ def test_step_parts_smoke():
 def test_verdict_check_smoke():
     proc = _smoke("verdict_check.py")
     assert "tiny_ops.py: overhead (independent: overhead" in proc.stdout
-    assert "goal (issue 16):" in proc.stdout and "verdicts checked independently" in proc.stdout
+    assert "goal (issues 16, 28):" in proc.stdout and "verdicts checked independently" in proc.stdout
+    assert "fwd/bwd/opt ms" in proc.stdout and "parity" in proc.stdout
 
 
 def test_tune_quality_smoke():
