@@ -481,3 +481,26 @@ def test_on_a_plateau_bf16_is_judged_per_step_and_a_batch_is_not_judged():
     assert out["speedup"] is None and out["per_sample_speedup"] == pytest.approx(2.0)
     assert out["reason"].startswith("not judged: the original's loss did not fall")
     assert out["changes_training"] is None
+
+
+def test_bf16_that_does_not_reach_the_loss_in_the_same_time_is_judged_per_step():
+    bf16 = Remedy(action="bf16 autocast around each forward: with torch.autocast('cpu', "
+                         "dtype=torch.bfloat16): loss = loss_fn(model(x), y)",
+                  expected_speedup=1.5, reason="r", kind="precision")
+    before = _before()
+    before.losses = [2.0 - 0.05 * i for i in range(20)]
+    before.step_s = before.all_step_s = [0.01] * 20
+    before.measured_from = 0
+
+    def slower(**_):  # the same losses, 12.5 ms a step: 16 steps in the same 0.2 s
+        return SimpleNamespace(measurements=SimpleNamespace(loaders=[]), step_s=[0.0125] * 16,
+                               error=None, stopped="seconds", applied=16, measured_from=0,
+                               all_step_s=[0.0125] * 16, losses=before.losses[:16])
+
+    out = verify_remedy(_verdict(bf16), before, 20, slower)
+    assert out["time_to_loss"]["speedup"] is None and out["changes_training"] is None
+    assert out["speedup"] == pytest.approx(0.8) and out["judged_by"].startswith("per step")
+    assert out["loss_parity"] is True
+    # recorded on the remedy even with no gain to count
+    out["speedup"] = None
+    assert apply_measured([bf16], out)[0].loss_parity is True

@@ -203,8 +203,9 @@ def _judge_by_loss(out: dict[str, Any], before: Any, after: Any, kind: str) -> N
              getattr(r, "measured_from", 0)) for r in (before, after)]
     check = time_to_loss(*runs)
     out["time_to_loss"], out["loss_parity"] = check, None
-    if check.get("progress") is False and kind != "batch":
-        # a plateau: bf16 is judged per step, over the same steps by loss parity alone
+    if check["speedup"] is None and kind != "batch":
+        # a plateau, or the same wall time was too short to reach the loss: bf16 is judged per
+        # step, the training over the same steps by loss parity
         out["judged_by"] = f"per step: {check['reason']}"
         return
     out["speedup"] = check["speedup"] if out["speedup"] is not None else None
@@ -229,7 +230,8 @@ def apply_measured(remedies: list[Remedy], checked: dict[str, Any] | None) -> li
         if checked.get("changes_training"):  # a larger batch that never reached the loss
             hit = [r for r in remedies if r.action == checked["remedy"]]
             return [r for r in remedies if r.action != checked["remedy"]] + hit
-        return remedies
+        return [dataclasses.replace(r, loss_parity=checked.get("loss_parity"))
+                if r.action == checked["remedy"] else r for r in remedies]
     parity = checked.get("loss_parity")
     out = [dataclasses.replace(r, measured_speedup=round(checked["speedup"], 2),
                                loss_parity=parity)
