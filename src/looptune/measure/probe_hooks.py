@@ -6,12 +6,15 @@ from __future__ import annotations
 
 import weakref
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import torch
 
-if TYPE_CHECKING:
-    from looptune.measure.probes import StepProbes
+
+class _ForwardListener(Protocol):
+    """What the hook calls: :class:`looptune.measure.probes.StepProbes` (not imported: one way)."""
+
+    def _forward_started(self) -> None: ...
 
 __all__ = ["ForwardStart", "framework_of_stack", "leaf_storages", "targets_cuda", "weak_ref"]
 
@@ -21,7 +24,7 @@ class ForwardStart:
     shares it; pickled with the module (a script's ``torch.save(model)``) it becomes a hook that
     does nothing, so the script's checkpoint neither fails nor holds the probes."""
 
-    def __init__(self, probes: StepProbes | None) -> None:
+    def __init__(self, probes: _ForwardListener | None) -> None:
         self._probes = None if probes is None else weakref.ref(probes)
 
     def __call__(self, module: Any, args: Any) -> None:
