@@ -7,7 +7,7 @@ Goal (issue 12): looptune's fastest recipe >= 4x the plain-DataLoader baseline i
 test accuracy within 0.5 points at equal epochs; diagnose names data_loading.
 
     python benchmarks/cnn_aug.py --data ../shared/data/mnist             # 3 epochs, all recipes
-    python benchmarks/cnn_aug.py --data ../shared/data/mnist --smoke     # CI: quick, no verdict
+    python benchmarks/cnn_aug.py --data ../shared/data/mnist --smoke     # CI: each >= 2x, data_loading
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ import sys
 from pathlib import Path
 
 import looptune
+from _goals import exit_code, smoke_check, smoke_floor, smoke_speedups
 from looptune.report.render import bench_table, wide_console
 
 GOAL_SPEEDUP, GOAL_ACC_POINTS = 4.0, 0.5
@@ -34,9 +35,9 @@ def main(argv: list[str] | None = None) -> int:
                    help="test accuracy whose training time each recipe reports (default 0.975)")
     p.add_argument("--json", default=None, help="also write the results JSON here")
     p.add_argument("--smoke", action="store_true",
-                   help="CI mode: 1 epoch of baseline and fast, a short diagnose; no verdict")
+                   help="CI mode: 1 epoch of baseline, batched-aug and fast (each >= 2x), a short diagnose")
     args = p.parse_args(argv)
-    recipes = "baseline,fast" if args.smoke else args.recipes
+    recipes = "baseline,batched-aug,fast" if args.smoke else args.recipes
     epochs = 1 if args.smoke else args.epochs
     try:
         results = looptune.bench(workload="mnist-cnn", recipes=recipes.split(","), epochs=epochs,
@@ -49,8 +50,13 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         results.write_json(args.json)
     ok = _goal(results)
-    ok &= _diagnose(args.data, steps=15 if args.smoke else 60, verify=not args.smoke)
-    return 0 if ok or args.smoke else 1
+    named = _diagnose(args.data, steps=15 if args.smoke else 60, verify=not args.smoke)
+    ok &= named
+    smoke_ok = args.smoke and (
+        smoke_speedups(list(zip((r.recipe for r in results.runs[1:]), results.speedups()[1:])),
+                       floor=smoke_floor(GOAL_SPEEDUP))
+        & smoke_check("diagnose names data_loading", named))
+    return exit_code(ok, smoke_ok, args.smoke)
 
 
 def _goal(results: looptune.BenchResults) -> bool:

@@ -12,7 +12,7 @@ Goals (mnist-mlp, batch 64): fast <= 2.5x the floor, and >= 12x seed-baseline.
 
     python benchmarks/floor.py --data ../shared/data/mnist
     python benchmarks/floor.py --data ../shared/data/mnist --workloads mnist-mlp,mnist-cnn,char-gpt
-    python benchmarks/floor.py --data ../shared/data/mnist --smoke   # CI: short, no verdict
+    python benchmarks/floor.py --data ../shared/data/mnist --smoke   # CI: floor < fast, >= 6x
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ from typing import Any
 import torch
 
 import looptune
+from _goals import exit_code, smoke_check, smoke_floor
 from looptune._io import atomic_write_text
 from looptune.bench import workloads
 from looptune.engine.device import resolve_device
@@ -96,22 +97,27 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--repeats", type=int, default=3,
                    help="rounds of (floor, an epoch of each recipe); medians are reported")
     p.add_argument("--json", default=None, help="write the figures here")
-    p.add_argument("--smoke", action="store_true", help="CI mode: 1 repeat, report, never fail")
+    p.add_argument("--smoke", action="store_true", help="CI mode: 1 repeat; floor < fast, fast >= 6x the baseline")
     args = p.parse_args(argv)
     device = resolve_device(args.device)
     names = [w.strip() for w in args.workloads.split(",") if w.strip()]
     print(f"machine: {cpu_name()}, {torch.get_num_threads()} torch threads, torch "
           f"{torch.__version__}, device {device}")
-    rows, ok = [], True
+    rows, ok, smoke_ok = [], True, True
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)
         for name in names:
             row = _workload_row(name, args, device)
             rows.append(row)
             ok &= row.get("goal_met", True)
+            if args.smoke:  # the floor is parts of the step alone: below fast, below the baseline
+                smoke_ok &= smoke_check(
+                    f"{name}: floor {row['floor_s']:.3f} < fast {row['fast_s']:.3f} s and fast "
+                    f"{row['speedup']:.1f}x {row['baseline']}, >= {smoke_floor(GOAL_SPEEDUP):g}x",
+                    0 < row["floor_s"] < row["fast_s"] and row["speedup"] >= smoke_floor(GOAL_SPEEDUP))
     if args.json:
         atomic_write_text(args.json, json.dumps(rows, indent=2))
-    return 0 if ok or args.smoke else 1
+    return exit_code(ok, smoke_ok, args.smoke)
 
 
 def _workload_row(name: str, args: argparse.Namespace, device: torch.device) -> dict[str, Any]:

@@ -5,7 +5,7 @@ process, and checks the foundation's goal: ``tensorized`` and ``device`` at leas
 ``seed-baseline`` with test accuracy within 0.5 points.
 
     python benchmarks/seed_ladder.py --data ../shared/data/mnist            # 1 epoch, all recipes
-    python benchmarks/seed_ladder.py --data ../shared/data/mnist --smoke    # CI: quick, no verdict
+    python benchmarks/seed_ladder.py --data ../shared/data/mnist --smoke    # CI: >= 1.5x each
 """
 
 from __future__ import annotations
@@ -14,10 +14,12 @@ import argparse
 import sys
 
 import looptune
+from _goals import exit_code, smoke_check, smoke_floor, smoke_speedups
 from looptune.report.render import bench_table, wide_console
 
 GOAL_SPEEDUP, GOAL_ACC_POINTS = 3.0, 0.5
 FAST = ("tensorized", "device")
+SMOKE_ACC_POINTS = 1.0  # one epoch, same seed: the recipes learn alike
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -28,7 +30,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--recipes", default="seed-baseline,seed-workers,seed-pinned,tensorized,device")
     p.add_argument("--json", default=None, help="also write the results JSON here")
     p.add_argument("--smoke", action="store_true",
-                   help="CI mode: baseline + fast recipes only, report ratios, never fail on them")
+                   help="CI mode: baseline + fast recipes; each >= 1.5x, accuracy within 1 point")
     args = p.parse_args(argv)
     recipes = "seed-baseline,tensorized,device" if args.smoke else args.recipes
     try:
@@ -41,7 +43,19 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         results.write_json(args.json)
     ok = _report(results)
-    return 0 if ok or args.smoke else 1
+    smoke_ok = args.smoke and _smoke(results)
+    return exit_code(ok, smoke_ok, args.smoke)
+
+
+def _smoke(results: looptune.BenchResults) -> bool:
+    """tensorized and device faster than seed-baseline in the same run, and still learning."""
+    speed = dict(zip((r.recipe for r in results.runs), results.speedups()))
+    ok = smoke_speedups([(n, speed[n]) for n in FAST if n in speed],
+                        floor=smoke_floor(GOAL_SPEEDUP), against="seed-baseline")
+    base = results.runs[0].test_accuracy
+    d = max(abs(r.test_accuracy - base) for r in results.runs) * 100
+    return ok & smoke_check(f"test accuracy within {SMOKE_ACC_POINTS} points of seed-baseline "
+                            f"(widest {d:.2f})", d <= SMOKE_ACC_POINTS)
 
 
 def _report(results: looptune.BenchResults) -> bool:

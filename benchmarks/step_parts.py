@@ -16,7 +16,7 @@
 Each pair runs interleaved, ``--rounds`` rounds of about ``--round-s`` seconds each; medians.
 
     python benchmarks/step_parts.py
-    python benchmarks/step_parts.py --smoke     # CI: short rounds, no verdict
+    python benchmarks/step_parts.py --smoke     # CI: short rounds, none grossly slower
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ import sys
 import time
 
 import torch
+from _goals import exit_code, passfail, smoke_check
 from torch.nn import functional as F
 
 from looptune.bench.workloads import MNIST_MEAN, MNIST_STD, SimpleFeedForwardNN
@@ -34,6 +35,10 @@ from looptune.data.loaders import normalize_batch
 from looptune.engine.optim import build_optimizer
 from looptune.engine.step import direct_backward
 from looptune.recipe import OptimConfig
+
+GOAL = 1.0
+# --smoke: 3 rounds of 50 ms; the direct update is 2x in full runs, the others 1.07-1.6x
+SMOKE_FLOOR, SMOKE_UPDATE = 0.8, 1.3
 
 
 def _timed(fn, round_s: float) -> float:
@@ -140,18 +145,28 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--rounds", type=int, default=9)
     p.add_argument("--round-s", type=float, default=0.2)
-    p.add_argument("--smoke", action="store_true", help="CI mode: 2 short rounds")
+    p.add_argument("--smoke", action="store_true", help="CI mode: 3 short rounds; none grossly slower")
     args = p.parse_args(argv)
-    rounds, round_s = (2, 0.02) if args.smoke else (args.rounds, args.round_s)
+    rounds, round_s = (3, 0.05) if args.smoke else (args.rounds, args.round_s)
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads; medians of {rounds} "
           "interleaved rounds")
+    ok = smoke_ok = True
     for pair in (_update_pair(), _backward_pair(), _batch_pair(), _mlp_pair("fp32"),
                  _mlp_pair("bf16"), _mlp_pair("fp32", ("mlp", "mlp-cpp")),
                  _mlp_pair("bf16", ("mlp", "mlp-cpp"))):
         (a, ta), (b, tb) = ab(pair, rounds, round_s).items()
         print(f"  {a:<34} {ta * 1e6:8.1f} us")
         print(f"  {b:<34} {tb * 1e6:8.1f} us   ({ta / tb:.2f}x)")
-    return 0
+        ok &= ta / tb >= GOAL  # each technique is in the engine because it is faster
+        floor = SMOKE_UPDATE if b.startswith("update") else SMOKE_FLOOR
+        smoke_ok &= ta / tb >= floor if args.smoke else True
+    if args.smoke:
+        smoke_check(f"every technique >= {SMOKE_FLOOR:g}x what it replaces, the direct update "
+                    f">= {SMOKE_UPDATE:g}x", smoke_ok)
+    else:
+        print(f"goal: every technique faster than what it replaces (>= {GOAL:g}x, medians of "
+              f"{rounds} interleaved rounds): {passfail(ok)}")
+    return exit_code(ok, smoke_ok, args.smoke)
 
 
 if __name__ == "__main__":

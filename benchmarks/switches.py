@@ -5,7 +5,7 @@ ratios compare like with like. CUDA-only switches (fp16 + GradScaler, CUDA graph
 run only on a GPU; on a CPU they are listed with the reason they were skipped.
 
     python benchmarks/switches.py --data ../shared/data/mnist             # 1 epoch per row
-    python benchmarks/switches.py --data ../shared/data/mnist --smoke     # CI: same rows, no verdict
+    python benchmarks/switches.py --data ../shared/data/mnist --smoke     # CI: same rows, each learns
 """
 
 from __future__ import annotations
@@ -16,10 +16,14 @@ import sys
 import warnings
 
 import looptune
+from _goals import exit_code, passfail, smoke_check
 from looptune.engine.device import resolve_device
 from looptune.presets import RECIPES
 from looptune.recipe import Recipe, with_overrides
 from looptune.report.render import bench_notes, bench_table, wide_console
+
+GOAL_ACC_POINTS = 0.5
+SMOKE_ACC = 0.9  # one epoch of the MLP reaches ~97%; a switch that broke training does not
 
 # (row name, overrides applied to `device`, device types it runs on)
 SWITCHES = [
@@ -63,7 +67,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--device", default="auto")
     p.add_argument("--repeats", type=int, default=3, help="runs per row; the median is shown")
     p.add_argument("--json", default=None)
-    p.add_argument("--smoke", action="store_true", help="CI mode: every row once, no verdict")
+    p.add_argument("--smoke", action="store_true", help="CI mode: every row once; each must learn")
     args = p.parse_args(argv)
     try:
         recipes, skipped = rows_for(resolve_device(args.device).type)
@@ -92,7 +96,25 @@ def main(argv: list[str] | None = None) -> int:
     for run, speedup in zip(results.runs, results.speedups()):
         print(f"{run.recipe:>24}: {speedup:5.2f}x vs device, {run.optimizer_impl or 'n/a'} optimizer,"
               f" accuracy {100 * (run.test_accuracy or 0):.2f}%")
-    return 0
+    return _judge(results, args.smoke)
+
+
+def _judge(results: looptune.BenchResults, smoke: bool) -> int:
+    """A switch changes the speed, never what is learned: every row's test accuracy within
+    GOAL_ACC_POINTS of ``device`` (same seed, same epochs); --smoke: every row still learned."""
+    base = results.runs[0].test_accuracy or 0.0
+    worst = max(results.runs, key=lambda r: abs((r.test_accuracy or 0.0) - base))
+    gap = 100 * abs((worst.test_accuracy or 0.0) - base)
+    if smoke:
+        low = min(results.runs, key=lambda r: r.test_accuracy or 0.0)
+        return exit_code(False, smoke_check(
+            f"every row learned: lowest accuracy {100 * (low.test_accuracy or 0):.2f}% "
+            f"({low.recipe}), >= {100 * SMOKE_ACC:g}%", (low.test_accuracy or 0) >= SMOKE_ACC),
+            True)
+    ok = gap <= GOAL_ACC_POINTS
+    print(f"goal: every switch trains as device does, accuracy within {GOAL_ACC_POINTS} points "
+          f"(widest: {worst.recipe}, {gap:.2f}): {passfail(ok)}")
+    return exit_code(ok, False, False)
 
 
 if __name__ == "__main__":

@@ -10,7 +10,7 @@ costs at most 5%.
     python benchmarks/threads.py --data ../shared/data/mnist
     python benchmarks/threads.py --data ../shared/data/mnist --recipe tta --epochs 3
     python benchmarks/threads.py --data ../shared/data/mnist --workload mnist-cnn --epochs 1
-    python benchmarks/threads.py --data ../shared/data/mnist --smoke   # CI: short, no verdict
+    python benchmarks/threads.py --data ../shared/data/mnist --smoke   # CI: governor ran, <= 1/3 slower
 """
 
 from __future__ import annotations
@@ -24,12 +24,14 @@ import warnings
 import torch
 
 import looptune
+from _goals import exit_code, smoke_check
 from looptune.diagnose.env import busy_processes
 from looptune.measure.provenance import cpu_name
 from looptune.presets import get_recipe
 from looptune.recipe import with_overrides
 
 QUIET_COST, GOAL = 1.05, 1.0
+SMOKE_RATIO = 0.75  # one 1-epoch round: adaptive no more than 1/3 slower than fixed
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -40,7 +42,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--epochs", type=int, default=5)
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--busy", default="0,1", help="busy processes per condition, comma-separated")
-    p.add_argument("--smoke", action="store_true", help="CI mode: 1 epoch, 1 round, no verdict")
+    p.add_argument("--smoke", action="store_true", help="CI mode: 1 epoch, 1 round; the governor ran and cost <= 1/3")
     args = p.parse_args(argv)
     epochs, repeats = (1, 1) if args.smoke else (args.epochs, args.repeats)
     base = get_recipe(args.recipe, "cpu", args.workload)
@@ -49,16 +51,24 @@ def main(argv: list[str] | None = None) -> int:
     print(f"machine: {cpu_name()}, {torch.get_num_threads()} torch threads, torch "
           f"{torch.__version__}; {args.workload} {args.recipe}, {epochs} epoch(s), {repeats} "
           "round(s)")
-    ok = True
+    ok, smoke_ok = True, True
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)
         for busy in (int(b) for b in args.busy.split(",")):
-            ok &= _condition(busy, fixed, adaptive, epochs, repeats, args.data, args.workload)
-    return 0 if ok or args.smoke else 1
+            met, ratio, governed = _condition(busy, fixed, adaptive, epochs, repeats, args.data,
+                                              args.workload)
+            ok &= met
+            # one short round: the governor ran its windows, and cost at most 1/3 more than fixed
+            smoke_ok &= smoke_check(
+                f"busy={busy}: the governor timed its windows ({governed}) and adaptive is "
+                f"{ratio:.2f}x fixed, >= {SMOKE_RATIO:g}x", governed and ratio >= SMOKE_RATIO)
+    return exit_code(ok, smoke_ok, args.smoke)
 
 
 def _condition(busy: int, fixed, adaptive, epochs: int, repeats: int, data: str | None,
-               workload: str) -> bool:
+               workload: str) -> tuple[bool, float, bool]:
+    """(goal met, fixed/adaptive s per epoch, the governor timed windows in every adaptive run)"""
+    governed = True
     times: dict[str, list[float]] = {"fixed": [], "adaptive": []}
     for i in range(repeats):
         for name, recipe in (("fixed", fixed), ("adaptive", adaptive)):
@@ -70,6 +80,7 @@ def _condition(busy: int, fixed, adaptive, epochs: int, repeats: int, data: str 
             if name == "adaptive":
                 moves = [d["reason"] for d in run.decisions if d["name"] == "thread_policy"
                          and "timed in windows" in d["reason"]]
+                governed &= bool(moves)
                 print(f"  busy={busy} round {i + 1}: fixed {times['fixed'][-1]:.3f}, adaptive "
                       f"{run.s_per_epoch:.3f} s/epoch; "
                       f"{moves[0] if moves else 'no governor'}")
@@ -78,7 +89,7 @@ def _condition(busy: int, fixed, adaptive, epochs: int, repeats: int, data: str 
     met = f / a > goal if busy else a / f <= goal
     print(f"busy={busy}: median fixed {f:.3f}, adaptive {a:.3f} s/epoch: adaptive {f / a:.2f}x; "
           f"goal {what}: {'met' if met else 'NOT met'}")
-    return met
+    return met, f / a, governed
 
 
 if __name__ == "__main__":

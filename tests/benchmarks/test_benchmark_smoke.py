@@ -11,21 +11,24 @@ import pytest
 BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
 
 
-def _smoke(script: str, *args: str, timeout: float = 600) -> subprocess.CompletedProcess:
-    """Run ``benchmarks/SCRIPT --smoke ARGS``; fail with its stderr unless it exits 0."""
+def _smoke(script: str, *args: str, timeout: float = 600,
+           checks: bool = True) -> subprocess.CompletedProcess:
+    """Run ``benchmarks/SCRIPT --smoke ARGS``; fail with its output unless it exits 0. Its exit
+    code is its smoke relation's (issue 29): with ``checks``, it printed at least one
+    ``smoke check:`` line, and every one of them held."""
     proc = subprocess.run([sys.executable, str(BENCHMARKS / script), "--smoke", *args],
                           capture_output=True, text=True, timeout=timeout)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.returncode == 0, proc.stderr[-3000:] + proc.stdout[-3000:]
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("smoke check:")]
+    assert lines or not checks, proc.stdout[-3000:]
+    assert all(ln.endswith(": PASS") for ln in lines), lines
     return proc
 
 
 @pytest.mark.integration
 def test_seed_ladder_smoke(mnist_dir, tmp_path):
     out = tmp_path / "ladder.json"
-    proc = subprocess.run([sys.executable, str(BENCHMARKS / "seed_ladder.py"), "--smoke",
-                           "--data", str(mnist_dir), "--device", "cpu", "--json", str(out)],
-                          capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stderr
+    proc = _smoke("seed_ladder.py", "--data", str(mnist_dir), "--device", "cpu", "--json", str(out))
     assert "x vs seed-baseline" in proc.stdout and out.exists()
     for name in ("tensorized", "device"):
         assert f"{name}:" in proc.stdout
@@ -38,9 +41,7 @@ def test_seed_ladder_smoke(mnist_dir, tmp_path):
     ("engine_goals.py", ["speed at batch 64", "time to 97.5%"]),
 ])
 def test_engine_benchmarks_smoke(mnist_dir, script, needles):
-    proc = subprocess.run([sys.executable, str(BENCHMARKS / script), "--smoke", "--data", str(mnist_dir),
-                           "--device", "cpu"], capture_output=True, text=True, timeout=900)
-    assert proc.returncode == 0, proc.stderr
+    proc = _smoke(script, "--data", str(mnist_dir), "--device", "cpu", timeout=900)
     for needle in needles:
         assert needle in proc.stdout
 
@@ -61,8 +62,9 @@ def test_floor_smoke(mnist_dir, tmp_path):
 
 @pytest.mark.integration
 def test_diagnose_overhead_smoke(mnist_dir):
-    proc = _smoke("diagnose_overhead.py", "--data", str(mnist_dir))
-    assert "accounting:" in proc.stdout and "A/B probe overhead" in proc.stdout
+    proc = _smoke("diagnose_overhead.py", "--data", str(mnist_dir), checks=False)
+    assert "accounting (printed, not judged):" in proc.stdout
+    assert "smoke limit <= 25%: PASS" in proc.stdout
     assert "verdict on the reference: data_loading" in proc.stdout
 
 
@@ -73,15 +75,15 @@ def test_step_parts_smoke():
 
 
 def test_verdict_check_smoke():
-    proc = _smoke("verdict_check.py")
+    proc = _smoke("verdict_check.py", checks=False)
     assert "tiny_ops.py: overhead (independent: overhead" in proc.stdout
-    assert "goal (issues 16, 28):" in proc.stdout and "verdicts checked independently" in proc.stdout
+    assert "goal (issues 16, 28, 29): PASS" in proc.stdout and "verdicts checked independently" in proc.stdout
     assert "fwd/bwd/opt ms" in proc.stdout and "parity" in proc.stdout
 
 
 def test_tune_quality_smoke():
     proc = _smoke("tune_quality.py", timeout=900)
-    assert proc.stdout.count("quality") == 2 and "grid best" in proc.stdout
+    assert proc.stdout.count("quality ") == 3 and proc.stdout.count("grid best") == 2
 
 
 def test_pack_gain_smoke(tmp_path):
@@ -99,7 +101,9 @@ def test_scaling_smoke(mnist_dir):
 @pytest.mark.integration
 def test_cnn_aug_smoke(mnist_dir):
     proc = _smoke("cnn_aug.py", "--data", str(mnist_dir), "--device", "cpu")
-    assert "fastest: fast" in proc.stdout and "goal >= 4.0x" in proc.stdout
+    # three recipes: the fastest is chosen among two candidates, each ahead of the baseline
+    assert "fastest: fast" in proc.stdout and "batched-aug:" in proc.stdout
+    assert "smoke check: batched-aug" in proc.stdout and "each >= 2x: PASS" in proc.stdout
     assert "diagnose cnn_augment.py: verdict data_loading" in proc.stdout
 
 
@@ -123,7 +127,8 @@ def test_diagnose_fidelity_smoke(mnist_dir):
         assert loop in proc.stdout  # a row, or "skipped: ... is not installed"
         if importlib.util.find_spec(package) is not None:
             assert f"{loop:28} skipped" not in proc.stdout
-    assert "no DataLoader seen" in proc.stdout and "goal: every loop's data share" in proc.stdout
+    assert "no DataLoader seen" in proc.stdout
+    assert "smoke check: every loop's data share within 20 points: PASS" in proc.stdout
 
 
 @pytest.mark.integration
