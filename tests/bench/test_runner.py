@@ -69,9 +69,9 @@ def test_recipe_values_are_accepted(tiny_workload):
 
 def test_normalize_once_on_augmented_data_is_refused_before_any_recipe_trains(
         monkeypatch, make_image_data):
+    from looptune.bench import runner
     from looptune.data.augment import RandomAffine
     from looptune.data.loaders import ImageData
-    from looptune.engine import loop
     from looptune.recipe import LoaderConfig, Recipe
 
     base = make_image_data(64, seed=1)
@@ -80,10 +80,60 @@ def test_normalize_once_on_augmented_data_is_refused_before_any_recipe_trains(
                                load=lambda data_dir=None: (augmented, make_image_data(32)))
     monkeypatch.setitem(workloads.WORKLOADS, "tiny-aug", spec)
     trained = []
-    monkeypatch.setattr(loop, "train", lambda *a, **k: trained.append(1))
+
+    def train(*_, recipe, **__):  # where bench looks the name up (runner imported it by name)
+        trained.append(recipe.name)
+        raise AssertionError(f"recipe {recipe.name!r} trained before the refusal")
+
+    monkeypatch.setattr(runner, "train", train)
     once = Recipe(name="once", loader=LoaderConfig(strategy="device", decode="tensorized",
                                                    normalize="once"))
     with pytest.raises(ConfigError, match="recipe 'once': loader.normalize='once' with "
                                           "workload tiny-aug's augmented images"):
         looptune.bench(workload="tiny-aug", recipes=["device", once], epochs=1, device="cpu")
     assert trained == []  # refused before the first recipe ran
+
+
+
+def _run_result(recipe, wall_s):
+    from looptune.measure.results import RunResult
+
+    return RunResult(recipe=recipe, config={}, decisions=[], device="cpu", epochs=1,
+                     batches_per_epoch=4, samples_per_epoch=256, setup_s=0.0, wall_s=wall_s,
+                     epoch_s=[wall_s], samples_per_s=256 / wall_s, epoch_loss=[1.0],
+                     first_loss=2.3, data_wait_s=0.0, data_wait_fraction=0.0,
+                     peak_mem_bytes=None, peak_mem_kind="none")
+
+
+@pytest.mark.parametrize("walls, kept", [
+    ({"tensorized": [3.0, 1.0, 2.0], "device": [5.0, 4.0, 6.0]},
+     {"tensorized": 2.0, "device": 5.0}),  # the median of three
+    ({"tensorized": [2.0, 1.0], "device": [4.0, 5.0]},
+     {"tensorized": 1.0, "device": 4.0}),  # of two: the lower one
+    ({"tensorized": [7.0], "device": [8.0]}, {"tensorized": 7.0, "device": 8.0}),
+])
+def test_repeats_are_interleaved_and_the_median_run_is_kept(tiny_workload, monkeypatch, walls,
+                                                            kept):
+    """bench(repeats=N) picks each recipe's run by its training time: planted here (run_recipe
+    faked), so the test knows which run is the median."""
+    from looptune.bench import runner
+
+    order, pending = [], {name: list(w) for name, w in walls.items()}
+
+    def run_recipe(workload, recipe, **_):
+        order.append(recipe.name)
+        return _run_result(recipe.name, pending[recipe.name].pop(0))
+
+    monkeypatch.setattr(runner, "run_recipe", run_recipe)
+    monkeypatch.setattr(runner, "_warm_up", lambda *a, **k: None)
+    repeats = len(walls["device"])
+    res = looptune.bench(workload="tiny", recipes=["tensorized", "device"], epochs=1,
+                         device="cpu", repeats=repeats)
+    assert order == ["tensorized", "device"] * repeats  # interleaved: drift hits both alike
+    assert {r.recipe: r.wall_s for r in res.runs} == kept
+    for run in res.runs:
+        if repeats == 1:
+            assert "repeat_wall_s" not in run.extra
+        else:
+            assert run.extra["repeat_wall_s"] == walls[run.recipe]  # every repeat, in run order
+    assert res.speedups()[1] == pytest.approx(kept["tensorized"] / kept["device"])

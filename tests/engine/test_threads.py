@@ -55,7 +55,9 @@ def test_a_taken_core_moves_the_run_to_one_thread_and_a_free_one_back():
 
 @pytest.mark.parametrize("cost, start_at", [({2: 380e-6, 1: 300e-6}, 1),  # a slow phase now
                                              ({2: 250e-6, 1: 300e-6}, 2),  # quiet
-                                             ({2: 300e-6, 1: 290e-6}, 2)])  # within the margin
+                                             ({2: 300e-6, 1: 290e-6}, 2),  # within the margin
+                                             ({2: 300e-6, 1: 284e-6}, 1),  # 5.3% faster: moves
+                                             ({2: 300e-6, 1: 286e-6}, 2)])  # 4.7%: stays
 def test_the_start_is_timed_at_setup(cost, start_at):
     m = _Machine(cost)
 
@@ -70,9 +72,45 @@ def test_the_start_is_timed_at_setup(cost, start_at):
     reason = gov.decision().reason
     assert "set-up timing per forward+backward: 2 thread(s)" in reason
     if start_at == 1:
-        assert "2 -> 1 threads at setup (380 -> 300 us" in reason
+        assert f"2 -> 1 threads at setup ({cost[2] * 1e6:.0f} -> {cost[1] * 1e6:.0f} us" in reason
     m.run(gov, 2000)  # the windows go on from the chosen count
     assert gov.per_step[start_at]
+
+
+@pytest.mark.parametrize("cost, start_at", [({4: 400e-6, 2: 300e-6, 1: 350e-6}, 2),
+                                             ({4: 400e-6, 2: 350e-6, 1: 300e-6}, 1),
+                                             ({4: 300e-6, 2: 350e-6, 1: 400e-6}, 4)])
+def test_setup_starts_at_the_fastest_of_several_counts(cost, start_at):
+    m = _Machine(cost)
+    gov = ThreadGovernor(candidates=[4, 2, 1], start=4, set_threads=m.set_threads, clock=m.clock)
+    gov.calibrate(lambda: setattr(m, "now", m.now + m.cost[m.threads]))
+    assert gov.current == start_at and m.threads == start_at
+    assert gov.calibrated == pytest.approx(cost)
+
+
+@pytest.mark.parametrize("one_thread_us, switches", [(284, 1), (286, 0)])
+def test_an_exploration_moves_the_run_only_when_5_percent_faster(one_thread_us, switches):
+    m = _Machine({2: 300e-6, 1: one_thread_us * 1e-6})  # 1 thread: 5.3% / 4.7% faster
+    gov = _governor(m)
+    m.run(gov, 6000)
+    assert len(gov.per_step[1]) >= 2  # explored, more than once
+    assert len(gov.switches) == switches and gov.current == (1 if switches else 2)
+    if switches:
+        assert gov.switches[0].endswith(f"(300 -> {one_thread_us} us/step)")
+        assert gov.per_step[2]  # after the move it looks back at 2 threads, which do not pay
+    assert gov.decision().evidence["ended_at"] == gov.current
+
+
+@pytest.mark.parametrize("slower, explores", [(1.26, True), (1.24, False)])
+def test_a_window_25_percent_slower_explores_at_once(slower, explores):
+    m = _Machine({2: 250e-6, 1: 300e-6})
+    gov = _governor(m)
+    while len(gov.per_step[1]) < 2:  # two explorations that did not pay: the next is 40 away
+        m.run(gov, 1)
+    assert gov._every == 4 * T.EXPLORE_EVERY and gov.current == 2
+    m.cost[2] = 250e-6 * slower  # the machine changed: every window now this much slower
+    m.run(gov, 6 * int(T.WINDOW_S / m.cost[2]))  # ~6 windows, far fewer than 40
+    assert (len(gov.per_step[1]) > 2) is explores
 
 
 def test_explorations_that_do_not_pay_get_rarer_and_cost_little():

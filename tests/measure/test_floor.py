@@ -1,6 +1,7 @@
 """The step floor: every FLOP-counted op recorded with its real shapes, timed alone, summed;
 the update's and the input's bytes at a measured streaming rate."""
 
+import pytest
 import torch
 from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
@@ -95,3 +96,23 @@ def test_under_autocast_each_op_is_timed_in_its_dtype_and_in_float32_the_faster_
     fp32 = measure_floor(model, nn.functional.cross_entropy, x, y, threads=(1,))
     assert {o.dtype for o in fp32.ops} == {"float32"}
     assert len(timed) == len(fp32.ops)  # an fp32 step's ops: one variant each, never bf16
+
+
+@pytest.mark.parametrize("cost, kept", [({1: 1.0, 2: 2.0}, 1), ({1: 2.0, 2: 1.0}, 2),
+                                        ({1: 1.0, 2: 0.99}, 2), ({1: 1.0, 2: 1.0}, 1)])
+def test_each_op_keeps_the_thread_count_that_ran_it_fastest(monkeypatch, cost, kept):
+    """The per-op choice of thread count, on planted timings (``time_alone`` faked): the
+    fastest is kept, a tie keeps the first count timed."""
+    from looptune.measure import floor as floor_mod
+
+    def fake_time(fn, device, **kw):
+        return cost[torch.get_num_threads()]
+
+    monkeypatch.setattr(floor_mod, "time_alone", fake_time)
+    before = torch.get_num_threads()
+    model, x, y = _mlp(), torch.randn(16, 784), torch.randint(0, 10, (16,))
+    floor = measure_floor(model, nn.functional.cross_entropy, x, y, threads=(2, 1))
+    assert floor.threads == (1, 2) and torch.get_num_threads() == before
+    assert floor.ops and {o.threads for o in floor.ops} == {kept}
+    assert all(o.seconds == min(cost.values()) for o in floor.ops)
+    assert floor.arithmetic_s == pytest.approx(min(cost.values()) * sum(o.calls for o in floor.ops))

@@ -132,3 +132,68 @@ def test_an_unknown_looptune_probe_value_is_refused_naming_it(monkeypatch):
     with pytest.raises(ConfigError, match="LOOPTUNE_PROBE='sometimes' is invalid: use 1"):
         probed_settings(**_kwargs())
     assert not cache_path().exists()
+
+
+# ------------------------------------------------ the choice, on planted step times
+# ``_measure`` faked: each candidate's seconds per step are planted, so the test knows the
+# answer, just above and just below the 3% a candidate must win by.
+
+FOUR = [Candidate("direct", "fp32", None), Candidate("direct", "fp32", 1),
+        Candidate("direct", "bf16", None), Candidate("fused", "fp32", None, "mlp")]
+
+
+def _plant(monkeypatch, seconds):
+    calls = []
+
+    def measure(candidates, *rest):
+        calls.append([c.name for c in candidates])
+        return {c.name: s for c, s in zip(candidates, seconds)}
+
+    monkeypatch.setattr(probe_mod, "_measure", measure)
+    return calls
+
+
+@pytest.mark.parametrize("seconds, chosen", [
+    ([1.0, 0.969], 1),  # 3.1% faster than the plain one: taken
+    ([1.0, 0.971], 0),  # 2.9%: within the noise, the plain one stays
+    ([1.0, 1.3], 0),  # slower
+    ([1.0, 0.90, 0.80, 0.95], 2),  # the fastest, not the first that beats the plain one
+    ([1.0, 0.96, 0.985, 1.2], 1),
+    ([0.5, 0.6, 0.7, 0.485], 3),  # the last one, 3% faster
+    ([0.5, 0.6, 0.7, 0.486], 0),  # the last one, 2.8% faster: the plain one stays
+])
+def test_the_probe_takes_the_fastest_candidate_only_when_3_percent_faster(monkeypatch, seconds,
+                                                                           chosen):
+    assert probe_mod.WIN == 0.03
+    cands = FOUR[:len(seconds)]
+    calls = _plant(monkeypatch, seconds)
+    result = probe(**{**_kwargs(device=torch.device("cpu")), "candidates": cands})
+    assert result.chosen == cands[chosen] and not result.cached
+    assert result.seconds == {c.name: s for c, s in zip(cands, seconds)}
+    first = seconds[0]
+    for c, s in zip(cands, seconds):  # every candidate's figure, against the plain one
+        assert f"{c.name} {s * 1e6:.0f} us ({first / s:.2f}x)" in result.evidence()
+    again = probe(**{**_kwargs(device=torch.device("cpu")), "candidates": cands})
+    assert again.cached and again.chosen == cands[chosen] and len(calls) == 1  # remembered
+
+
+@pytest.mark.parametrize("seconds, want", [
+    ([300e-6, 290e-6, 200e-6, 310e-6, 280e-6, 250e-6, 260e-6, 240e-6],
+     ("direct", "bf16", None, "autograd")),
+    ([300e-6, 290e-6, 310e-6, 310e-6, 280e-6, 250e-6, 260e-6, 291.5e-6],
+     ("direct", "bf16", None, "mlp")),
+    ([300e-6, 292e-6, 310e-6, 310e-6, 295e-6, 330e-6, 320e-6, 340e-6],
+     ("direct", "fp32", None, "autograd")),  # 2.7% at best: the plain setting
+])
+def test_the_fast_preset_is_built_from_the_probes_choice(monkeypatch, seconds, want):
+    from looptune.presets import get_recipe
+    from looptune.presets import mnist
+
+    assert len(seconds) == len(mnist.CPU_CANDIDATES)
+    _plant(monkeypatch, seconds)
+    fast = get_recipe("fast", "cpu")
+    chosen = (fast.optim.impl, fast.step.precision, fast.cpu_threads, fast.step.backward)
+    assert chosen == want
+    assert fast.loader.store == ("float32" if want[1] == "fp32" else "autocast")
+    (why,) = [d for d in fast.reasons if d.name == "optim.impl/precision/cpu_threads"]
+    assert why.value == Candidate(*want).name and "the fastest step at batch 64" in why.reason

@@ -78,6 +78,32 @@ def test_pick_knee_without_an_eligible_trial_says_what_happened():
         pick_knee(trials, 0.05, None, 0.9)
 
 
+
+@pytest.mark.parametrize("small_rate, knee", [(95.1, 64), (94.9, 128), (100.0, 64), (30.0, 128)])
+def test_pick_knee_threshold_just_above_and_just_below(small_rate, knee):
+    # 128 is the best (100 samples/s); 64 is the knee only when within 5% of it (>= 95)
+    trials = [_recorded(64, small_rate, 1e6), _recorded(128, 100.0, 2e6),
+              _recorded(256, 99.0, 4e6)]
+    decision = pick_knee(trials, 0.05, None, 0.9)
+    assert decision.value == knee
+    if knee == 64 and small_rate < 100.0:
+        assert decision.reason.startswith(f"64: {small_rate:,.0f} samples/s, within 5% of the "
+                                          "best (128: 100) at half the memory")
+    elif knee == 128:
+        assert decision.reason.startswith("128: 100 samples/s, the best measured")
+
+
+def test_pick_knee_takes_the_best_not_the_largest_nor_the_first():
+    # the best is in the middle; the knee is measured against it, not against the last size
+    trials = [_recorded(32, 60.0, 1e6), _recorded(64, 96.0, 2e6), _recorded(128, 100.0, 4e6),
+              _recorded(256, 70.0, 8e6)]
+    assert pick_knee(trials, 0.05, None, 0.9).value == 64
+    assert pick_knee(trials, 0.03, None, 0.9).value == 128
+    # an excluded (over-memory) size is never the best, however fast
+    trials.append(_recorded(512, 1000.0, 16e6, status="over_memory"))
+    assert pick_knee(trials, 0.05, None, 0.9).value == 64
+
+
 # ------------------------------------------------------------------------------------ the search
 
 def test_real_search_on_a_tiny_mlp_grows_powers_of_two_and_picks_a_tried_size():
@@ -114,6 +140,46 @@ def test_candidates_replace_the_sweep_sorted_and_deduplicated(fake_clock):
     assert [t["batch_size"] for t in result.trials] == [4, 32]  # 32 > len(dataset): cycled
     assert result.decisions[0].evidence["search_ended"] == "candidates"
     assert result.recommended == {"batch_size": 32}
+
+
+def _plant_rates(monkeypatch, rates):
+    """Each size's samples/s planted: ``_time_steps`` returns the seconds that rate gives."""
+    monkeypatch.setattr(batch, "_time_steps",
+                        lambda run, inputs, targets: run.steps * len(inputs) / rates[len(inputs)])
+
+
+@pytest.mark.parametrize("gain_at_8, sweep, chosen", [
+    (0.051, [1, 2, 4, 8, 16], 8),  # 8 gains 5.1% (> 5%): growth goes on; 16 gains 4.9%: stop
+    (0.049, [1, 2, 4, 8], 4),  # 8 gains 4.9% (<= 5%): growth stops at 8
+])
+def test_the_sweep_grows_while_a_size_gains_more_than_the_threshold(monkeypatch, gain_at_8,
+                                                                    sweep, chosen):
+    at_8 = 400 * (1 + gain_at_8)
+    rates = {1: 100.0, 2: 200.0, 3: 250.0, 4: 400.0, 6: 390.0, 8: at_8, 12: at_8,
+             16: at_8 * 1.049, 32: at_8 * 2, 64: at_8 * 4}
+    _plant_rates(monkeypatch, rates)
+    result = tune_batch_size(_mlp(), _data(64), device="cpu", **FAST)
+    trials = result.trials
+    assert [t["batch_size"] for t in trials if t["phase"] == "sweep"] == sweep
+    assert [t["samples_per_s"] for t in trials] == pytest.approx([rates[t["batch_size"]]
+                                                                  for t in trials])
+    ended = result.decisions[0].evidence
+    assert ended["search_ended"] == "plateau"
+    assert ended["detail"].startswith(f"{sweep[-1]} gained <= 5% over the best so far")
+    # the knee (within 5% of the best), refined at 0.75x and 1.5x of it
+    assert [t["batch_size"] for t in trials if t["phase"] == "refine"] == [
+        chosen * 3 // 4, chosen * 3 // 2]
+    assert result.recommended == {"batch_size": chosen}
+
+
+def test_a_knee_at_2_is_not_refined_below_what_batch_norm_can_train(monkeypatch):
+    # 4 gains 4% over 2 (<= 5%): growth stops and the knee is 2; 0.75x of it would be 1
+    _plant_rates(monkeypatch, {2: 100.0, 3: 101.0, 4: 104.0})
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 16), nn.BatchNorm1d(16), nn.Linear(16, 4))
+    result = tune_batch_size(model, _data(64), device="cpu", **FAST)
+    assert [t["batch_size"] for t in result.trials] == [2, 4, 3]
+    assert result.recommended == {"batch_size": 2}
 
 
 def test_allocate_cycles_a_small_dataset():

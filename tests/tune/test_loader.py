@@ -200,9 +200,158 @@ def test_prefetch_and_persistent_workers_are_measured_choices_once_workers_are_u
     settings = {"num_workers": 1}
     prefetch = tl._choose_prefetch(search, settings)
     persistent = tl._choose_persistent(search, settings)
-    assert prefetch.name == "prefetch_factor" and prefetch.value in (2, 4)
-    assert persistent.name == "persistent_workers" and persistent.value in (True, False)
-    for d in (prefetch, persistent):
-        assert d.evidence["with"]["samples_per_s"] and d.evidence["without"]["samples_per_s"]
-        assert "samples/s" in d.reason
+    assert prefetch.name == "prefetch_factor" and persistent.name == "persistent_workers"
+    for d, tried, default in ((prefetch, 4, 2), (persistent, True, False)):
+        with_, without = d.evidence["with"], d.evidence["without"]
+        assert with_[d.name] == tried and d.name not in without  # measured both ways
+        assert with_["samples_per_s"] and without["samples_per_s"]
+        # the value follows what was measured here, whichever way it went on this machine
+        pays = with_["samples_per_s"] / without["samples_per_s"] - 1 >= search.threshold
+        assert d.value == (tried if pays else default), d.reason
+        assert ("kept" in d.reason) == pays and "samples/s" in d.reason
     assert tl._choose_prefetch(search, {"num_workers": 0}) is None  # nothing to prefetch into
+
+
+# ---------------------------------------------------- the choices, on planted measurements
+# Every trial's samples/s is planted (``_Search._rate`` faked: no DataLoader is built, nothing is
+# timed), so each test knows the answer the search must give, just above and just below the 3%
+# threshold.
+
+def _plant(monkeypatch, workers, *, prefetch=1.0, persistent=1.0, per_sample=1.0,
+           losses=None):
+    """samples/s = ``workers[num_workers]`` times the factor of each other setting tried
+    (``prefetch_factor=4``, ``persistent_workers=True``, ``batched=False``); a worker count
+    mapped to an exception fails with it. ``losses(settings)``: the trial's per-batch losses
+    (default none: no loss parity to check). Returns the settings of every timed repeat."""
+    seen = []
+
+    def rate(self, settings):
+        seen.append(dict(settings))
+        base = workers[settings.get("num_workers", 0)]
+        if isinstance(base, Exception):
+            raise base
+        factor = ((prefetch if settings.get("prefetch_factor") == 4 else 1.0)
+                  * (persistent if settings.get("persistent_workers") else 1.0)
+                  * (per_sample if settings.get("batched") is False else 1.0))
+        return base * factor, [] if losses is None else losses(settings)
+
+    monkeypatch.setattr(tl._Search, "_rate", rate)
+    return seen
+
+
+def _tune(dataset=None, **kw):
+    return looptune.tune_loader(cheap(256) if dataset is None else dataset, batch_size=8,
+                                device="cpu", budget_s=600, repeats=1,
+                                **{"max_workers": 8, "threshold": 0.03, **kw})
+
+
+@pytest.mark.parametrize("workers, chosen, tried", [
+    ({0: 1000, 1: 1031, 2: 1031 * 1.029}, 1, [0, 1, 2]),  # +3.1% adopted, then +2.9% stops
+    ({0: 1000, 1: 1029}, 0, [0, 1]),  # +2.9%: one worker does not pay
+    ({0: 1000, 1: 2000, 2: 3000, 4: 3100, 8: 3150}, 4, [0, 1, 2, 4, 8]),  # 1 -> 2 -> 4 -> 8
+    ({0: 1000, 1: 900}, 0, [0, 1]),  # slower with a worker
+    ({0: 1000, 1: 2000, 2: 4000, 4: 8000, 8: 16000}, 8, [0, 1, 2, 4, 8]),  # max_workers ends it
+])
+def test_the_worker_count_is_the_last_step_up_that_gained_the_threshold(
+        monkeypatch, workers, chosen, tried):
+    _plant(monkeypatch, workers)
+    res = _tune()
+    assert res.recommended["num_workers"] == chosen
+    (decision,) = [d for d in res.decisions if d.name == "num_workers"]
+    assert decision.value == chosen
+    assert [t["num_workers"] for t in decision.evidence] == tried
+    assert [t["samples_per_s"] for t in decision.evidence] == [workers[k] for k in tried]
+    rate = f"{chosen} workers: {workers[chosen]:,.0f} samples/s (loading only); "
+    if chosen == tried[-1]:
+        assert decision.reason == rate + "the budget or the bound ended the search"
+    else:
+        nxt = tried[tried.index(chosen) + 1]
+        change = workers[nxt] / workers[chosen] - 1
+        assert decision.reason == rate + f"{nxt} gave {change:+.1%} (< 3% threshold)"
+
+
+def test_the_threshold_is_the_callers(monkeypatch):
+    _plant(monkeypatch, {0: 1000, 1: 1080, 2: 1080 * 1.04, 4: 1080 * 1.04})
+    assert _tune(threshold=0.1).recommended["num_workers"] == 0  # +8% < 10%
+    assert _tune(threshold=0.05).recommended["num_workers"] == 1  # +8% >= 5%, then +4% < 5%
+    assert _tune(threshold=0.03).recommended["num_workers"] == 2
+
+
+def test_a_faster_worker_count_that_fails_is_not_adopted(monkeypatch):
+    _plant(monkeypatch, {0: 1000, 1: 1500, 2: RuntimeError("planted: worker 0 died")})
+    res = _tune()
+    assert res.recommended["num_workers"] == 1
+    assert res.decisions[0].reason.startswith("1 workers: 1,500 samples/s; 2 failed (")
+    assert "planted: worker 0 died" in res.decisions[0].reason
+
+
+def test_a_faster_worker_count_that_delivers_other_data_is_not_adopted(monkeypatch):
+    # 50% faster through a worker, but its batches give the same lr-0 model another loss
+    _plant(monkeypatch, {0: 1000, 1: 1500, 2: 1500},
+           losses=lambda s: [2.3] * 10 if s["num_workers"] == 0 else [5.0] * 10)
+    res = _tune()
+    assert res.recommended["num_workers"] == 0
+    one = next(t for t in res.trials if t["num_workers"] == 1)
+    assert one["status"] == "failed" and one["loss_parity"] is False
+    assert "changes the training" in res.decisions[0].reason
+
+
+def _decision(res, name):
+    (d,) = [d for d in res.decisions if d.name == name]
+    return d
+
+
+@pytest.mark.parametrize("factor, kept", [(1.031, True), (1.029, False), (0.8, False)])
+def test_prefetch_4_is_kept_only_when_it_gains_the_threshold(monkeypatch, factor, kept):
+    _plant(monkeypatch, {0: 1000, 1: 2000, 2: 2000}, prefetch=factor)
+    res = _tune()
+    d = _decision(res, "prefetch_factor")
+    assert d.value == (4 if kept else 2) and res.recommended["prefetch_factor"] == d.value
+    assert d.evidence["with"]["prefetch_factor"] == 4
+    assert d.evidence["with"]["samples_per_s"] == pytest.approx(2000 * factor)
+    assert d.evidence["without"]["samples_per_s"] == 2000
+    assert d.reason == (f"prefetch_factor=4 instead of 2: {factor - 1:+.1%} ("
+                        f"{2000 * factor:,.0f} vs 2,000 samples/s); "
+                        + ("kept" if kept else "below the 3% threshold, not worth it"))
+    assert f"prefetch_factor={d.value}" in res.line
+
+
+@pytest.mark.parametrize("factor, kept", [(1.031, True), (1.029, False)])
+def test_persistent_workers_are_kept_only_when_they_gain_the_threshold(monkeypatch, factor,
+                                                                       kept):
+    _plant(monkeypatch, {0: 1000, 1: 2000, 2: 2000}, prefetch=1.05, persistent=factor)
+    res = _tune()
+    d = _decision(res, "persistent_workers")
+    assert d.value is kept and res.recommended["persistent_workers"] is kept
+    # measured on top of the prefetch depth just chosen (4: +5%)
+    assert d.evidence["without"] == next(t for t in res.trials if t.get("prefetch_factor") == 4)
+    assert d.evidence["with"]["samples_per_s"] == pytest.approx(2000 * 1.05 * factor)
+    assert ("; kept" in d.reason) is kept
+
+
+def test_a_faster_setting_that_fails_is_not_kept(monkeypatch):
+    _plant(monkeypatch, {0: 1000, 1: 2000, 2: 2000}, prefetch=1.5,
+           losses=lambda s: [5.0] * 10 if s.get("prefetch_factor") == 4 else [2.3] * 10)
+    res = _tune()
+    d = _decision(res, "prefetch_factor")
+    assert d.value == 2 and d.evidence["with"]["status"] == "failed"
+    assert d.reason.startswith("prefetch_factor=4 instead of 2 failed: changes the training")
+
+
+def test_prefetch_and_persistence_are_not_measured_without_workers(monkeypatch):
+    seen = _plant(monkeypatch, {0: 1000, 1: 900})
+    res = _tune()
+    assert {d.name for d in res.decisions} == {"num_workers", "pin_memory"}
+    assert res.recommended == {"num_workers": 0, "pin_memory": False}
+    assert seen == [{"num_workers": 0}, {"num_workers": 1}]
+
+
+@pytest.mark.parametrize("factor, kept", [(1.031, True), (1.029, False)])
+def test_per_sample_reads_replace_batched_ones_only_when_they_gain_the_threshold(
+        monkeypatch, factor, kept):
+    _plant(monkeypatch, {0: 1000, 1: 900}, per_sample=factor)
+    res = _tune(Batched())
+    d = _decision(res, "batched")
+    assert d.value is (not kept)
+    assert ("batched" in res.recommended) is kept  # only the change is recommended
+    assert res.line.endswith("  # wrap the dataset to drop __getitems__") is kept

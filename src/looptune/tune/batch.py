@@ -202,7 +202,7 @@ def _search(run: _Run, candidates: Sequence[int] | None, threshold: float,
     ended = _sweep(run, sizes, trials, threshold, deadline, "sweep") or {
         "search_ended": "cap", "detail": f"reached the largest size allowed, {cap} (min of "
         f"{MAX_BATCH}, len(dataset)={len(run.dataset)}, keep_effective={keep_effective})"}
-    refine = _refine_sizes(trials, threshold, run, cap)
+    refine = _refine_sizes(trials, threshold, run, cap, first)
     return trials, _sweep(run, refine, trials, None, deadline, "refine") or ended
 
 
@@ -226,15 +226,16 @@ def _sweep(run: _Run, sizes: list[int], trials: list[dict], threshold: float | N
     return None
 
 
-def _refine_sizes(trials: list[dict], threshold: float, run: _Run, cap: int) -> list[int]:
-    """0.75x and 1.5x the sweep's knee: between it and its power-of-two neighbours."""
+def _refine_sizes(trials: list[dict], threshold: float, run: _Run, cap: int,
+                  first: int = 1) -> list[int]:
+    """0.75x and 1.5x the sweep's knee (between its neighbours), none below ``first``."""
     if not any(_eligible(t, run.memory_limit, run.max_fraction) for t in trials):
         return []
     knee = pick_knee(trials, threshold, run.memory_limit, run.max_fraction).value
     failed = min((t["batch_size"] for t in trials if t["status"] != "ok"), default=math.inf)
     tried = {t["batch_size"] for t in trials}
     points = {knee * 3 // 4, knee * 3 // 2}
-    return sorted(p for p in points if 1 <= p <= cap and p < failed and p not in tried)
+    return sorted(p for p in points if first <= p <= cap and p < failed and p not in tried)
 
 
 # ---------------------------------------------------------------------------------- one trial

@@ -274,8 +274,8 @@ def _search_workers(search: _Search, bound: int, cores: int) -> tuple[list[Decis
         trial = search.measure(num_workers=k)
         tried.append(trial)
         gain = _gain(trial, best)
-        if gain < search.threshold:
-            break  # adaptive: more workers stopped paying
+        if trial["status"] != "ok" or gain < search.threshold:
+            break  # adaptive: more workers stopped paying (or failed: a crash, other data)
         best, k = trial, k * 2 if k >= 2 else k + 1
     evidence = [{"num_workers": t["num_workers"], "samples_per_s": t["samples_per_s"],
                  "status": t["status"]} for t in tried]
