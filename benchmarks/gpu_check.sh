@@ -29,7 +29,7 @@ step() {  # step NAME SECONDS COMMAND...: run with a limit, keep its output and 
 }
 
 step env 30 bash -c 'nvidia-smi; python -c "import torch; print(torch.__version__, torch.cuda.get_device_name(0), torch.version.cuda)"; echo LOOPTUNE_DATA=$LOOPTUNE_DATA'
-step cuda-tests 110 python -m pytest -q -x -m "not integration" tests/engine tests/data/test_prefetch.py tests/tune/test_batch.py tests/dist/test_launch_and_ddp_unit.py -rs
+step cuda-tests 110 python -m pytest -q -x -m "not integration" tests/engine tests/data/test_prefetch.py tests/data/test_augment.py tests/bench/test_runner.py tests/tune/test_batch.py tests/dist/test_launch_and_ddp_unit.py -rs
 step bench-cuda 130 python -m looptune bench mnist --device cuda --epochs 5 \
   --recipes seed-baseline,seed-pinned,tensorized,device,fast --json "$OUT/bench.json" --report "$OUT/bench-report"
 step switches-fp16 45 python -m looptune bench mnist --device cuda --epochs 5 --recipes device \

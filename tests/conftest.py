@@ -24,6 +24,25 @@ def mnist_dir() -> Path:
     pytest.skip(reason)
 
 
+@pytest.fixture(scope="session")
+def torchvision_transforms():
+    """``torchvision.transforms``, for the tests that hold looptune's equivalents to it.
+
+    torchvision imports only beside the torch it was built for (PyPI's fails beside the CI's torch
+    2.13.0), so these tests skip in the main CI job and run in ``.ci/vision`` (torch 2.14.1 +
+    torchvision 0.29.1), which sets ``LOOPTUNE_REQUIRE_VISION=1``: there a skip is a failure.
+    """
+    from looptune.data.augment import torchvision_transforms as status
+
+    transforms, error = status()
+    if transforms is not None:
+        return transforms
+    reason = f"torchvision does not import here ({error}); .ci/vision runs these tests"
+    if os.environ.get("LOOPTUNE_REQUIRE_VISION") == "1":
+        pytest.fail(f"LOOPTUNE_REQUIRE_VISION=1 but {reason}")
+    pytest.skip(reason)
+
+
 @pytest.fixture
 def make_image_data():
     """Factory of small synthetic MNIST-shaped datasets: ``make_image_data(n, seed=0)``."""

@@ -246,11 +246,10 @@ def test_per_sample_draws_as_draw_params_per_sample():
     assert transform(img).size == img.size and transform(img).mode == "L"
 
 
-def test_torchvision_and_fallback_give_identical_images():
-    transforms = _torchvision_transforms()
-    if transforms is None:
-        pytest.skip("torchvision does not import here (absent, or built for another torch); "
-                    "the fallback is then what per_sample() returns")
+@pytest.mark.vision
+def test_torchvision_and_fallback_give_identical_images(torchvision_transforms):
+    transforms = torchvision_transforms
+    assert _torchvision_transforms() is transforms  # what per_sample() picks when it imports
     tv = transforms.RandomAffine(AUG.degrees, translate=(AUG.translate,) * 2, scale=AUG.scale)
     ours = _PilRandomAffine(AUG)
     for seed in range(50):

@@ -30,8 +30,9 @@ def test_equivalent_transform_matches_the_formula_and_batched_normalize(make_ima
     assert torch.equal(per_sample[0], normalize_batch(img[None], data.mean, data.std)[0])
 
 
-def test_torchvision_transform_agrees_when_installed(make_image_data):
-    transforms = pytest.importorskip("torchvision.transforms", reason="torchvision not installed")
+@pytest.mark.vision
+def test_torchvision_transform_agrees_when_installed(make_image_data, torchvision_transforms):
+    transforms = torchvision_transforms
     from PIL import Image
 
     data = make_image_data(4)

@@ -16,6 +16,7 @@ draw is symmetric in the angle, so the direction only matters for matching the t
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -27,7 +28,8 @@ from PIL import Image
 
 from looptune.errors import ConfigError
 
-__all__ = ["RandomAffine", "apply_batch", "draw_params_batch", "draw_params_per_sample"]
+__all__ = ["RandomAffine", "apply_batch", "draw_params_batch", "draw_params_per_sample",
+           "torchvision_transforms"]
 
 Params = tuple[float, int, int, float]  # (angle degrees, tx pixels, ty pixels, scale)
 
@@ -254,17 +256,23 @@ def _inverse_affine_matrix(center: tuple[float, float], angle: float,
     return matrix
 
 
-def _torchvision_transforms() -> Any:
-    """``torchvision.transforms``, or None when torchvision is absent or broken.
+@functools.lru_cache(maxsize=1)
+def torchvision_transforms() -> tuple[Any, str | None]:
+    """(``torchvision.transforms``, None), or (None, why) when torchvision is absent or broken.
 
     Any exception counts: a torchvision built for another torch is installed but fails on import
-    (operator registration errors), and the fallback is equivalent.
+    (operator registration errors), and looptune's equivalents give the same results.
     """
     try:
         from torchvision import transforms
-    except Exception:  # noqa: BLE001 - absent or broken, both mean "use the PIL fallback"
-        return None
-    return transforms
+    except Exception as err:  # noqa: BLE001 - absent or broken: both mean "use the equivalent"
+        return None, f"{type(err).__name__}: {err}"[:200]
+    return transforms, None
+
+
+def _torchvision_transforms() -> Any:
+    """``torchvision.transforms``, or None (see torchvision_transforms)."""
+    return torchvision_transforms()[0]
 
 
 def _check_images(x: Any) -> torch.Tensor:

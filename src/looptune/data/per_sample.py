@@ -7,12 +7,13 @@ own recipes read whole batches instead (``loaders.TensorBatches``, ``DeviceSourc
 
 from __future__ import annotations
 
-import functools
 from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 from torch.utils.data import Dataset
+
+from looptune.data.augment import torchvision_transforms as _torchvision_transforms
 
 if TYPE_CHECKING:
     from looptune.data.loaders import ImageData
@@ -62,15 +63,6 @@ def transform_kind() -> tuple[str, str]:
         return "torchvision", "torchvision is installed: its ToTensor() and Normalize(), as the reference"
     return "equivalent", (f"torchvision is not usable ({error}); looptune's equivalent "
                           "ToTensor + Normalize performs the same float operations")
-
-
-@functools.lru_cache(maxsize=1)
-def _torchvision_transforms():
-    try:
-        from torchvision import transforms
-    except Exception as err:  # missing, or broken beside this torch (ABI mismatch): say which
-        return None, f"{type(err).__name__}: {err}"[:200]
-    return transforms, None
 
 
 class PerSampleImages(Dataset):
