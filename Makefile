@@ -14,5 +14,23 @@ bench:           ## every benchmark's full goal on this machine; fails if one is
 vision:          ## the second CI job: looptune's image code against torchvision's
 	bash .ci/vision
 
-mutation:        ## the mutation check of the decision modules (docs/testing.md)
-	$(PY) -m mutmut run && $(PY) -m mutmut results
+# the functions that decide a verdict, a remedy's rank or a tuner's / the engine's choice
+MUTANTS = \
+  'looptune.diagnose.verdict.x__compute_or_overhead*' 'looptune.diagnose.verdict.x__timing_bottleneck*' \
+  'looptune.diagnose.verdict.x__fallback_rule*' 'looptune.diagnose.verdict.x__rank_key*' \
+  'looptune.diagnose.verdict.x__remedy_*' 'looptune.diagnose.verdict.x_amdahl*' \
+  'looptune.diagnose.verdict.x__largest*' 'looptune.diagnose.verdict.x__remedies_*' \
+  'looptune.diagnose.batch_rule.x_batch_verdict*' 'looptune.diagnose.batch_rule.x_batch_remedy*' \
+  'looptune.diagnose.batch_rule.x_scaled_step*' \
+  'looptune.diagnose.cpu_compute.x_cpu_compute_remedies*' 'looptune.diagnose.cpu_compute.x__bounded*' \
+  'looptune.diagnose.update_rule.x__impl_remedy*' 'looptune.diagnose.update_rule.x__zero_grad_remedy*' \
+  'looptune.diagnose.verify.x_apply_measured*' \
+  'looptune.tune.loader.x__search_workers*' 'looptune.tune.loader.x__compare*' 'looptune.tune.loader.x__gain*' \
+  'looptune.tune.batch.x_pick_knee*' 'looptune.tune.batch.x__sweep*' 'looptune.tune.batch.x__refine_sizes*' \
+  'looptune.tune.batch.x__eligible*' \
+  'looptune.engine.threads.xǁThreadGovernorǁcalibrate*' 'looptune.engine.threads.xǁThreadGovernorǁ_explored*' \
+  'looptune.engine.threads.xǁThreadGovernorǁ_window_done*' \
+  'looptune.engine.mlp_precision.x_choose_bf16*' 'looptune.presets.probe.x_probe_*'
+
+mutation:        ## the mutation check of the deciding functions (docs/testing.md); `pip install -e '.[mutation]'`
+	$(PY) -m mutmut run $(MUTANTS); $(PY) tools/mutation_report.py --json mutants/report.json

@@ -1,10 +1,12 @@
 """Probe overhead of `looptune diagnose` on the reference workload (examples/mnist_tutorial.py).
 
 The judged measurement is A/B: the unmodified script alternately bare (timed only by an
-optimizer step hook) and under `looptune.diagnose` with all its probes, interleaved rounds
-repeated until the last --repeats bare runs spread less than the goal (at most --max-repeats;
-past that the result is inconclusive, which fails). Goal: probes add at most 3% to the step
-(the median of the paired probed/bare ratios). Printed beside it, not judged: the accounting
+optimizer step hook) and under `looptune.diagnose` with all its probes, in interleaved rounds;
+each round's paired ratio probed/bare. Goal: probes add at most 3% to the step, judged on the
+median paired ratio's 95% confidence interval (order statistics, no distribution assumed): PASS
+once it lies at or under 3%, FAIL once above, more rounds while it straddles 3% (from --repeats
+up to --max-repeats; then inconclusive, which fails). The bare runs alone spread 10-70% between
+rounds on this 2-core VM, so "until the bare runs agree within 3%" never ends here. Printed beside it, not judged: the accounting
 estimate (two probes' per-call cost times the calls one step makes).
 
     python benchmarks/diagnose_overhead.py --data ../shared/data/mnist
@@ -14,6 +16,7 @@ estimate (two probes' per-call cost times the calls one step makes).
 from __future__ import annotations
 
 import argparse
+import math
 import runpy
 import statistics
 import sys
@@ -75,40 +78,53 @@ def per_call_cost_s(reps: int = 20000) -> dict[str, float]:
     return {k: max(0.0, probed[k] - plain[k]) for k in plain}
 
 
+def median_ci(values: list[float], level: float = 0.95) -> tuple[float, float]:
+    """A distribution-free confidence interval of the median: the order statistics k and n-k+1
+    with the largest k whose two-sided binomial(n, 1/2) tail stays within 1 - level (n < 6 at
+    95%: no such k, the whole line)."""
+    xs, n = sorted(values), len(values)
+    k, tail = 0, 0.0
+    while k < n // 2:
+        tail += math.comb(n, k) / 2 ** n
+        if 2 * tail > 1 - level:
+            break
+        k += 1
+    return (xs[k - 1], xs[n - k]) if k else (-math.inf, math.inf)
+
+
 def ab_rounds(script_args: list[str], steps: int, *, least: int, most: int,
               goal: float = GOAL, run_bare=None, run_probed=None) -> dict:
-    """Interleaved rounds (bare run, run under diagnose's full probes), each the median step of
-    its run, until the last ``least`` bare runs spread less than ``goal`` (or ``most`` rounds).
-    The overhead is the median over those rounds of probed/bare - 1; inconclusive when the bare
-    runs alone never spread less than the goal (the machine's noise exceeds the effect)."""
+    """Interleaved rounds (a bare run, a run under diagnose's full probes), each the median step
+    of its run. Each round gives a paired ratio probed/bare; after ``least`` rounds, and after
+    every further one up to ``most``, the 95% confidence interval of the median ratio decides:
+    PASS once it lies at or under 1 + goal, FAIL once it lies above; still straddling the goal
+    after ``most`` rounds is inconclusive (the machine's noise is larger than the question)."""
     run_bare = run_bare or (lambda: statistics.median(bare_steps(script_args, steps, warmup=5)))
     run_probed = run_probed or (lambda: statistics.median(
         looptune.diagnose(str(SCRIPT), script_args, steps=steps, warmup=5).step_s))
     bare: list[float] = []
     probed: list[float] = []
-    spread = float("inf")
+    lo, hi = -math.inf, math.inf
     while len(bare) < most:
         bare.append(run_bare())  # interleaved: machine drift hits both alike
         probed.append(run_probed())
         if len(bare) >= least:
-            last = bare[-least:]
-            spread = (max(last) - min(last)) / statistics.median(last)
-            if spread < goal:
+            lo, hi = median_ci([q / b - 1 for b, q in zip(bare, probed)])
+            if hi <= goal or lo > goal:
                 break
-    window = slice(-least, None) if len(bare) >= least else slice(None)
-    ratios = [q / b - 1 for b, q in zip(bare[window], probed[window])]
-    overhead = statistics.median(ratios)
-    return {"bare": bare, "probed": probed, "spread": spread, "overhead": overhead,
-            "inconclusive": spread >= goal, "rounds": len(bare),
-            "ok": spread < goal and overhead <= goal}
+    ratios = [q / b - 1 for b, q in zip(bare, probed)]
+    spread = (max(bare) - min(bare)) / statistics.median(bare)
+    return {"bare": bare, "probed": probed, "ratios": ratios, "ci": (lo, hi),
+            "overhead": statistics.median(ratios), "spread": spread, "rounds": len(bare),
+            "inconclusive": lo <= goal < hi, "ok": hi <= goal}
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--data", default=None, help="MNIST folder (default: $LOOPTUNE_DATA)")
     p.add_argument("--steps", type=int, default=200)
-    p.add_argument("--repeats", type=int, default=4, help="rounds the spread is taken over")
-    p.add_argument("--max-repeats", type=int, default=12, help="rounds before inconclusive")
+    p.add_argument("--repeats", type=int, default=6, help="rounds before the first judgement")
+    p.add_argument("--max-repeats", type=int, default=20, help="rounds before inconclusive")
     p.add_argument("--smoke", action="store_true",
                    help=f"CI mode: one short round; fails only above {SMOKE_LIMIT:.0%}")
     args = p.parse_args(argv)
@@ -128,17 +144,19 @@ def main(argv: list[str] | None = None) -> int:
           f"{extra['next'] * 1e9:.0f} ns per probed next(); {per_step * 1e6:.1f} us per "
           f"{b * 1e3:.2f} ms step = {100 * per_step / b:.2f}% (two probes only)")
     print(f"median step: bare {b * 1e3:.3f} ms, with probes {q * 1e3:.3f} ms ({ab['rounds']} "
-          f"interleaved rounds of {steps} steps each); last bare runs spread "
-          f"{100 * ab['spread']:.1f}% ({', '.join(f'{x * 1e3:.2f}' for x in ab['bare'])} ms)")
+          f"interleaved rounds of {steps} steps each); bare runs spread "
+          f"{100 * ab['spread']:.1f}% ({', '.join(f'{x * 1e3:.2f}' for x in ab['bare'])} ms); "
+          f"paired overheads {', '.join(f'{100 * r:+.1f}' for r in ab['ratios'])}%")
     if args.smoke:  # one round: noise is larger than the 3% goal; a gross cost still shows
         ok = ab["overhead"] <= SMOKE_LIMIT
         print(f"A/B probe overhead: {100 * ab['overhead']:+.2f}% of the step; smoke limit <= "
               f"{100 * SMOKE_LIMIT:.0f}%: {'PASS' if ok else 'FAIL'}")
     else:
         verdict = ("INCONCLUSIVE (FAIL)" if ab["inconclusive"] else "PASS" if ab["ok"] else "FAIL")
-        print(f"A/B probe overhead: {100 * ab['overhead']:+.2f}% of the step (median of the last "
-              f"{min(least, ab['rounds'])} paired rounds, all probes on); goal <= "
-              f"{100 * GOAL:.0f}% with the bare runs spread < {100 * GOAL:.0f}%: {verdict}")
+        lo, hi = ab["ci"]
+        print(f"A/B probe overhead: {100 * ab['overhead']:+.2f}% of the step (median of "
+              f"{ab['rounds']} paired rounds, all probes on; 95% interval {100 * lo:+.2f}% to "
+              f"{100 * hi:+.2f}%); goal: the interval at or under {100 * GOAL:.0f}%: {verdict}")
         ok = ab["ok"]
     print(f"verdict on the reference: {d.bottleneck}, data wait {100 * d.shares['data_wait']:.1f}%")
     return 0 if ok else 1

@@ -73,24 +73,30 @@ def _feed(values):
     return lambda: next(it)
 
 
-def test_overhead_ab_stops_once_the_bare_runs_agree_and_judges_the_paired_median(bench):
-    ab_rounds = bench("diagnose_overhead").ab_rounds
-    bare = [10.0, 13.0, 10.1, 10.0, 10.2, 10.1]
-    probed = [10.2, 13.4, 10.3, 10.2, 10.4, 10.3]  # +2%
-    got = ab_rounds([], 30, least=4, most=12, run_bare=_feed(bare), run_probed=_feed(probed))
-    # rounds 1-4 spread 30%; rounds 2-5 too (13.0); rounds 3-6 spread 2%: stop after 6
-    assert got["rounds"] == 6 and not got["inconclusive"] and got["ok"]
-    assert got["overhead"] == pytest.approx(0.02, abs=0.001)
+def test_median_ci_takes_the_order_statistics_of_the_binomial_tail(bench):
+    median_ci = bench("diagnose_overhead").median_ci
+    assert median_ci([1, 2, 3, 4, 5]) == (float("-inf"), float("inf"))  # n=5: 2/32 > 5%
+    assert median_ci([6, 1, 5, 2, 4, 3]) == (1, 6)  # n=6: 2/64 = 3.1% <= 5%: min and max
+    assert median_ci(list(range(1, 13))) == (3, 10)  # n=12: P(X <= 2) = 1.9%
 
 
-def test_overhead_ab_fails_above_the_goal_and_when_the_machine_never_settles(bench):
+def test_overhead_ab_passes_once_the_interval_is_under_the_goal(bench):
     ab_rounds = bench("diagnose_overhead").ab_rounds
-    over = ab_rounds([], 30, least=2, most=4, run_bare=_feed([10.0, 10.0]),
-                     run_probed=_feed([10.4, 10.4]))  # +4%
-    assert over["rounds"] == 2 and not over["inconclusive"] and not over["ok"]
-    noisy = ab_rounds([], 30, least=2, most=4, run_bare=_feed([10.0, 12.0, 10.0, 12.0]),
-                      run_probed=_feed([10.0, 12.0, 10.0, 12.0]))  # 0% but spread 18%
-    assert noisy["rounds"] == 4 and noisy["inconclusive"] and not noisy["ok"]
+    bare = [10.0, 13.0, 10.1, 10.0, 10.2, 10.1, 10.0]
+    probed = [10.2, 13.26, 10.3, 10.2, 10.4, 10.3, 10.2]  # +2% each round, whatever the drift
+    got = ab_rounds([], 30, least=6, most=20, run_bare=_feed(bare), run_probed=_feed(probed))
+    assert got["rounds"] == 6 and got["ok"] and not got["inconclusive"]
+    assert got["overhead"] == pytest.approx(0.02, abs=0.001) and got["ci"][1] < 0.03
+
+
+def test_overhead_ab_fails_above_the_goal_and_when_the_interval_straddles_it(bench):
+    ab_rounds = bench("diagnose_overhead").ab_rounds
+    over = ab_rounds([], 30, least=6, most=20, run_bare=_feed([10.0] * 6),
+                     run_probed=_feed([10.35, 10.4, 10.45, 10.4, 10.5, 10.4]))  # +3.5-5%
+    assert over["rounds"] == 6 and not over["ok"] and not over["inconclusive"]
+    noisy = ab_rounds([], 30, least=6, most=8, run_bare=_feed([10.0] * 8),
+                      run_probed=_feed([9.5, 11.0] * 4))  # -5% / +10%: the interval holds 3%
+    assert noisy["rounds"] == 8 and noisy["inconclusive"] and not noisy["ok"]
 
 
 def test_run_goals_names_a_bad_benchmark_before_running_anything(bench, capsys):
