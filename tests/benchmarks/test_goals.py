@@ -117,3 +117,12 @@ def test_run_goals_lists_every_benchmark_with_a_goal(bench):
 def test_smoke_floor_is_half_the_goal_and_never_under_1_2(bench):
     floor = bench("_goals").smoke_floor
     assert floor(12.0) == 6.0 and floor(3.0) == 1.5 and floor(2.0) == 1.2 and floor(1.0) == 1.2
+
+
+def test_tune_quality_reads_the_tuned_loader_from_the_grid(bench):
+    same = bench("tune_quality")._same_point
+    point = {"num_workers": 0, "samples_per_s": 9e4, "status": "ok", "reason": "", "loss": 2.3}
+    assert same(point, {"num_workers": 0})  # the loss the grid records is not a setting
+    assert not same({**point, "num_workers": 2, "prefetch_factor": 2}, {"num_workers": 2})
+    assert same({**point, "num_workers": 2, "prefetch_factor": 2, "loss_parity": True},
+                {"num_workers": 2, "prefetch_factor": 2})
