@@ -33,4 +33,5 @@ MUTANTS = \
   'looptune.engine.mlp_precision.x_choose_bf16*' 'looptune.presets.probe.x_probe_*'
 
 mutation:        ## the mutation check of the deciding functions (docs/testing.md); `pip install -e '.[mutation]'`
-	$(PY) -m mutmut run $(MUTANTS); $(PY) tools/mutation_report.py --json mutants/report.json
+	# one OpenMP thread: mutmut forks a process whose torch holds a thread pool (forked, it deadlocks)
+	OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 $(PY) -m mutmut run $(MUTANTS); $(PY) tools/mutation_report.py --json mutants/report.json

@@ -4,6 +4,7 @@ replay on real modules, and the planted scripts end to end."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from pathlib import Path
 from types import SimpleNamespace
@@ -504,3 +505,25 @@ def test_bf16_that_does_not_reach_the_loss_in_the_same_time_is_judged_per_step()
     # recorded on the remedy even with no gain to count
     out["speedup"] = None
     assert apply_measured([bf16], out)[0].loss_parity is True
+
+
+def test_batch_verdict_at_exactly_the_threshold_is_overhead(monkeypatch):
+    # killed mutants (make mutation): ">=" -> ">" at OVERHEAD_SHARE, and the update's sentence
+    # shown without an update ("and" -> "or", "> 0" -> ">= 0") survived every test
+    from looptune.diagnose import batch_rule
+
+    linear = BatchScaling(batch=64, factor=4, module="Net", small_s=0.008, large_s=0.032)
+    at = batch_rule.ScaledStep(factor=4, step_s=11.0, large_s=35.0, busy_s=10.0,
+                               busy_large_s=31.0, replayed_s=9.0)  # (40 - 31) / 30 = 0.3
+    assert at.overhead_share == batch_rule.OVERHEAD_SHARE
+    monkeypatch.setattr(batch_rule, "scaled_step", lambda m, p, u=0.0: at)
+    name, ev = batch_verdict(_m(linear), PHASE)
+    assert name == "overhead" and "(>= 30%: per-step overhead)" in ev["reason"]
+    assert "optimizer update" not in ev["reason"]  # no update measured: no update sentence
+    below = dataclasses.replace(at, busy_large_s=31.0 + 1e-9)
+    monkeypatch.setattr(batch_rule, "scaled_step", lambda m, p, u=0.0: below)
+    assert batch_verdict(_m(linear), PHASE)[0] == "compute"
+    with_update = dataclasses.replace(at, update_s=1.0)  # 10% of the busy time is the update
+    monkeypatch.setattr(batch_rule, "scaled_step", lambda m, p, u=0.0: with_update)
+    name, ev = batch_verdict(_m(linear), PHASE)
+    assert name == "compute" and "optimizer update streaming the parameters takes" in ev["reason"]

@@ -366,3 +366,14 @@ def test_cuda_search_reads_the_allocator_peak():
                for t in result.trials)
     assert result.decisions[0].evidence["memory_limit_bytes"] == (
         torch.cuda.get_device_properties(0).total_memory)
+
+
+def test_pick_knee_defaults_are_the_documented_5_percent_and_90_percent_of_memory():
+    # killed mutants (make mutation): the defaults 0.05 -> 1.05 and 0.9 -> 1.9 both survived,
+    # every test passing them explicitly; a caller with the defaults gets them here
+    trials = [_recorded(64, 95.1, 1e6), _recorded(128, 100.0, 2e6)]
+    assert pick_knee(trials).value == 64
+    assert pick_knee([_recorded(64, 94.9, 1e6), _recorded(128, 100.0, 2e6)]).value == 128
+    # 128 uses 95% of the limit: over the default 90%, so never the best, however fast
+    over = [_recorded(64, 50.0, 1e6), _recorded(128, 100.0, 9.5e6)]
+    assert pick_knee(over, memory_limit=10_000_000).value == 64
