@@ -5,37 +5,14 @@ DiagnoseCallback inside a Trainer.fit. Skipped when lightning is not installed (
 import importlib
 import importlib.util
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
 import looptune
+from loop_checks import loader_vs_step_ms
 
 LOOPS = Path(__file__).parents[1] / "diagnose" / "loops"
-
-
-def loader_vs_step_ms(script: Path, argv: list[str], batches: int = 3) -> tuple[float, float]:
-    """The independent measurement: the script's own loader alone and its own step alone
-    (its ``parts()``), ms per batch, each the fastest of ``batches`` after one untimed (the
-    fastest: what each costs, without a busy neighbour's share of the machine)."""
-    spec = importlib.util.spec_from_file_location(f"_parts_{script.stem}", script)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    loader, step = module.parts(argv)
-    it = iter(loader)
-    batch = next(it)
-    loading, stepping = [], []
-    for _ in range(batches):
-        t0 = time.perf_counter()
-        next(it)
-        loading.append(time.perf_counter() - t0)
-    step(batch)
-    for _ in range(batches):
-        t0 = time.perf_counter()
-        step(batch)
-        stepping.append(time.perf_counter() - t0)
-    return 1e3 * min(loading), 1e3 * min(stepping)
 
 
 def test_missing_lightning_names_the_extra(monkeypatch):
