@@ -2,21 +2,19 @@
 
 from __future__ import annotations
 
-__version__ = "0.1.0"
-
-# imported after __version__: provenance and the downloader read it
-from looptune.api import train  # noqa: E402
-from looptune.bench.results import BenchResults  # noqa: E402
-from looptune.bench.runner import bench  # noqa: E402
-from looptune.data.pack import open_packed, pack, verify_packed  # noqa: E402
-from looptune.diagnose.result import Diagnosis  # noqa: E402
-from looptune.diagnose.runner import diagnose, watch  # noqa: E402
-from looptune.tune.batch import tune_batch_size  # noqa: E402
-from looptune.tune.loader import tune_loader  # noqa: E402
-from looptune.errors import ConfigError, DataError, LooptuneError, MeasurementError  # noqa: E402
-from looptune.measure.results import RunResult  # noqa: E402
-from looptune.presets import RECIPES  # noqa: E402
-from looptune.recipe import (Decision, LoaderConfig, OptimConfig, Recipe,  # noqa: E402
+from looptune._version import __version__
+from looptune.api import train
+from looptune.bench.results import BenchResults
+from looptune.bench.runner import bench
+from looptune.data.pack import open_packed, pack, verify_packed
+from looptune.diagnose.result import Diagnosis
+from looptune.diagnose.runner import diagnose, watch
+from looptune.tune.batch import tune_batch_size
+from looptune.tune.loader import tune_loader
+from looptune.errors import ConfigError, DataError, LooptuneError, MeasurementError
+from looptune.measure.results import RunResult
+from looptune.presets import RECIPES
+from looptune.recipe import (Decision, LoaderConfig, OptimConfig, Recipe,
                              ScheduleConfig, StepConfig)
 
 __all__ = [

@@ -16,7 +16,8 @@ from rich.console import Console
 
 from looptune.diagnose import rank_files
 from looptune.diagnose.collectives import RankWaits
-from looptune.diagnose.model import PHASES, Finding, LoaderInfo, Remedy
+from looptune.measure.records import PHASES, LoaderInfo
+from looptune.diagnose.rules.records import Finding, Remedy
 from looptune.diagnose.ranks import merge_ranks
 from looptune.diagnose.result import Diagnosis
 from looptune.errors import ConfigError, MeasurementError

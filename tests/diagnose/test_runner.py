@@ -11,7 +11,7 @@ from torch.utils.data import DataLoader
 
 import looptune
 from looptune.diagnose import verdict
-from looptune.diagnose.model import PHASES
+from looptune.measure.records import PHASES
 from looptune.diagnose.runner import parse_loader_action
 
 SCRIPTS = Path(__file__).parent / "scripts"
@@ -316,7 +316,7 @@ def test_a_bf16_rerun_that_falls_short_of_its_promise_is_reported_and_re_ranked(
     import dataclasses
 
     from looptune.diagnose import runner
-    from looptune.diagnose.model import Remedy
+    from looptune.diagnose.rules.records import Remedy
 
     bf16 = Remedy(action="bf16 autocast around each forward: with torch.autocast('cpu', "
                          "dtype=torch.bfloat16): loss = loss_fn(model(x), y)",

@@ -14,8 +14,8 @@ import torch
 
 import looptune
 from looptune.diagnose.batch_rule import batch_remedy, batch_verdict, scaled_step
-from looptune.diagnose.model import (BatchScaling, Environment, LoaderInfo, Measurements, Remedy,
-                                     StepSample, Verdict)
+from looptune.measure.records import BatchScaling, Environment, LoaderInfo, Measurements, StepSample
+from looptune.diagnose.rules.records import Remedy, Verdict
 from looptune.diagnose.env import busy_processes
 from looptune.diagnose.scaling import ModelCapture, measure_scaling, replay_problem
 from looptune.diagnose.verdict import analyze

@@ -92,7 +92,7 @@ def test_verify_of_bf16_reports_loss_parity_next_to_its_speedup(monkeypatch):
     # offered none, the verdict gets the action it would write, so the rerun always happens.
     from looptune.diagnose import runner
     from looptune.diagnose.cpu_compute import bf16_action
-    from looptune.diagnose.model import Remedy
+    from looptune.diagnose.rules.records import Remedy
 
     def analyze(m):
         v = real_analyze(m)

@@ -6,8 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from looptune.diagnose.model import (BatchScaling, Environment, LoaderInfo, Measurements,
-                                     StepSample, UpdateReplay)
+from looptune.measure.records import BatchScaling, Environment, LoaderInfo, Measurements, StepSample, UpdateReplay
 from looptune.diagnose.update_rule import optimizer_s, update_memory_s, update_remedies
 from looptune.diagnose.verdict import analyze
 

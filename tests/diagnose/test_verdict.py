@@ -11,8 +11,8 @@ import random
 
 import pytest
 
-from looptune.diagnose.model import (PHASES, BatchScaling, Environment, LoaderInfo,
-                                     Measurements, StepSample, Verdict, WorkerRead)
+from looptune.measure.records import PHASES, BatchScaling, Environment, LoaderInfo, Measurements, StepSample, WorkerRead
+from looptune.diagnose.rules.records import Verdict
 from looptune.diagnose.verdict import PER_SAMPLE_DISCOUNT, amdahl, analyze, render_breakdown
 from looptune.errors import MeasurementError
 

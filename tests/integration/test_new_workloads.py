@@ -23,7 +23,7 @@ import torch
 
 import looptune
 from looptune.bench import workloads
-from looptune.bench.models import GPT, GPTConfig, SmallCNN, lm_loss
+from looptune.models import GPT, GPTConfig, SmallCNN, lm_loss
 from looptune.bench.workloads import MNIST_MEAN, MNIST_STD
 from looptune.cli.main import main
 from looptune.data import text

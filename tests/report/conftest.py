@@ -10,7 +10,8 @@ import pytest
 
 from looptune.bench.results import BenchResults
 from looptune.data.pack.throughput import LoadRate, PackBench
-from looptune.diagnose.model import Finding, LoaderInfo, Remedy
+from looptune.measure.records import LoaderInfo
+from looptune.diagnose.rules.records import Finding, Remedy
 from looptune.diagnose.ranks import merge_ranks
 from looptune.diagnose.result import Diagnosis
 from looptune.measure.results import RunResult

@@ -19,7 +19,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from looptune.bench.models import GPT, GPTConfig, SmallCNN, lm_loss
+from looptune.models import GPT, GPTConfig, SimpleFeedForwardNN, SmallCNN, lm_loss
 from looptune.data.loaders import ImageData, normalize_batch
 from looptune.errors import ConfigError
 from looptune.measure.metric import ACCURACY, VAL_LOSS, MetricSpec
@@ -29,22 +29,6 @@ __all__ = ["SimpleFeedForwardNN", "Workload", "WORKLOADS", "get_workload", "eval
 
 # Mean and std of MNIST's training pixels scaled to [0, 1]: the tutorial's Normalize((0.1307,), (0.3081,))
 MNIST_MEAN, MNIST_STD = 0.1307, 0.3081
-
-
-class SimpleFeedForwardNN(nn.Module):
-    """The reference model: flatten, Linear(784,128), ReLU, Linear(128,64), ReLU, Linear(64,10)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.fc1 = nn.Linear(784, 128)
-        self.fc2 = nn.Linear(128, 64)
-        self.fc3 = nn.Linear(64, 10)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = x.view(-1, 784)
-        x = torch.relu(self.fc1(x))
-        x = torch.relu(self.fc2(x))
-        return self.fc3(x)
 
 
 Score = Callable[[nn.Module, ImageData, torch.device], tuple[float, int]]  # -> (sum, count)

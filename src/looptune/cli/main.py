@@ -7,7 +7,7 @@ import os
 import sys
 from collections.abc import Sequence
 
-from looptune import __version__
+from looptune._version import __version__
 from looptune.cli import bench as bench_cmd
 from looptune.cli import data as data_cmd
 from looptune.cli import diagnose as diagnose_cmd

@@ -61,6 +61,11 @@ class Traced(Dataset):
     def __getstate__(self) -> dict:
         return {**self.__dict__, "_view": None}
 
+    @property
+    def traced_dataset(self) -> Any:
+        """The user's dataset (what ``measure.loader_info`` describes, seen through the wrapper)."""
+        return self.dataset
+
     def __len__(self) -> int:
         return len(self.dataset)
 

@@ -10,7 +10,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import BinaryIO
 
-from looptune import __version__
+from looptune._version import __version__
 from looptune.errors import DataError
 
 __all__ = ["fetch_verified"]

@@ -195,7 +195,7 @@ def _integer_field(data: Any) -> bool:
 def _first_inputs(data: Any) -> Any:
     """The first two samples' inputs, as a batch; None where reading them is not cheap or safe
     (DataLoaders and streams are read only by the run itself)."""
-    from looptune.engine.checkpoint import rng_state, set_rng_state
+    from looptune._rng import rng_state, set_rng_state
 
     saved = rng_state()  # a random per-sample transform must not shift the run's random stream
     try:

@@ -20,7 +20,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from looptune.diagnose.model import BatchScaling, Measurements, Remedy
+from looptune.measure.records import BatchScaling, Measurements
+from looptune.diagnose.rules.records import Remedy
 
 __all__ = ["ScaledStep", "batch_remedy", "batch_verdict", "scaled_step"]
 

@@ -10,7 +10,8 @@ measured where the script runs, at its thread count.
 from __future__ import annotations
 
 from looptune.diagnose.apply import FRAMEWORK_SWITCH
-from looptune.diagnose.model import Measurements, Remedy
+from looptune.measure.records import Measurements
+from looptune.diagnose.rules.records import Remedy
 
 __all__ = ["bf16_action", "cpu_compute_remedies", "FUSABLE_FRACTION", "SDPA_FLASH_CPU"]
 

@@ -11,7 +11,7 @@ from collections.abc import Iterator
 
 import torch
 
-from looptune.diagnose.model import Environment
+from looptune.measure.records import Environment
 from looptune.measure.timing import sync
 
 __all__ = ["alloc_retries", "busy_processes", "cpu_capacity", "environment", "matmul_rate",

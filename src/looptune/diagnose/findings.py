@@ -5,7 +5,8 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING
 
-from looptune.diagnose.model import Finding, LoaderInfo, Measurements
+from looptune.measure.records import LoaderInfo, Measurements
+from looptune.diagnose.rules.records import Finding
 from looptune.diagnose.update_rule import update_memory_s
 
 if TYPE_CHECKING:

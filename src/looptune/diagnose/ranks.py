@@ -21,7 +21,7 @@ from statistics import median
 from typing import Any
 
 from looptune._io import atomic_write_text
-from looptune.diagnose.model import PHASES
+from looptune.measure.records import PHASES
 from looptune.diagnose.result import Diagnosis
 from looptune.errors import ConfigError
 

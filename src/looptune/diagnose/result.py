@@ -10,7 +10,8 @@ from pathlib import Path
 from typing import Any
 
 from looptune._io import atomic_write_text
-from looptune.diagnose.model import Finding, LoaderInfo, Remedy
+from looptune.measure.records import LoaderInfo
+from looptune.diagnose.rules.records import Finding, Remedy
 from looptune.errors import MeasurementError
 
 __all__ = ["KIND", "MAX_WARMUP_STEPS", "Diagnosis"]

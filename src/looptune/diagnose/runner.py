@@ -23,7 +23,7 @@ import torch
 
 from looptune.diagnose import env as env_probe
 from looptune.diagnose.collectives import RankWaits, launched_rank
-from looptune.diagnose.model import BatchScaling, Measurements, UpdateReplay, WorkerRead
+from looptune.measure.records import BatchScaling, Measurements, UpdateReplay, WorkerRead
 from looptune.diagnose.predecode import gather_seconds
 from looptune.diagnose.result import MAX_WARMUP_STEPS, Diagnosis
 from looptune.diagnose.apply import framework_precision, overridden_optimizer, per_forward_autocast

@@ -33,7 +33,7 @@ from typing import Any
 
 import torch
 
-from looptune.diagnose.model import BatchScaling
+from looptune.measure.records import BatchScaling
 
 __all__ = ["ModelCapture", "math_sdpa", "measure_scaling", "replay_module", "replay_problem",
            "time_model_in_step", "with_in_step"]

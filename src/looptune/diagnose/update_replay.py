@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from looptune.diagnose.model import UpdateReplay
+from looptune.measure.records import UpdateReplay
 
 __all__ = ["IMPLS", "current_impl", "described_update", "impl_kwargs", "measure_update"]
 

@@ -10,7 +10,8 @@ seconds, as the bf16 bound is (:mod:`looptune.diagnose.cpu_compute`).
 
 from __future__ import annotations
 
-from looptune.diagnose.model import Measurements, Remedy
+from looptune.measure.records import Measurements
+from looptune.diagnose.rules.records import Remedy
 
 __all__ = ["OPTIMIZER_PARTS", "optimizer_s", "update_memory_s", "update_remedies"]
 

@@ -20,7 +20,8 @@ from looptune.diagnose.findings import findings as _findings
 from looptune.diagnose.update_rule import (
     OPTIMIZER_PARTS, optimizer_s, update_memory_s, update_remedies)
 from looptune.diagnose.workers_rule import workers_remedy
-from looptune.diagnose.model import PHASES, Measurements, Remedy, StepSample, Verdict
+from looptune.measure.records import PHASES, Measurements, StepSample
+from looptune.diagnose.rules.records import Remedy, Verdict
 from looptune.errors import MeasurementError
 
 __all__ = ["amdahl", "analyze", "render_breakdown"]
@@ -76,7 +77,7 @@ def analyze(m: Measurements) -> Verdict:
         MeasurementError: no steps, or step times that are negative, not finite or all zero.
 
     Example:
-        >>> from looptune.diagnose.model import Measurements, StepSample
+        >>> from looptune.measure.records import Measurements, StepSample
         >>> v = analyze(Measurements(steps=[StepSample(step_s=0.1, data_wait_s=0.062)],
         ...                          warmup_steps=0))
         >>> v.bottleneck, v.shares["data_wait"], v.evidence["speedup_if_removed"]

@@ -34,7 +34,7 @@ from typing import Any
 
 from looptune.diagnose import predecode
 from looptune.diagnose.apply import FRAMEWORK_SWITCH
-from looptune.diagnose.model import Remedy, Verdict
+from looptune.diagnose.rules.records import Remedy, Verdict
 from looptune.measure.parity import loss_parity, time_to_loss
 from looptune.diagnose.update_replay import impl_kwargs
 from looptune.errors import ConfigError, MeasurementError

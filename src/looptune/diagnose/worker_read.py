@@ -23,7 +23,7 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader, IterableDataset
 
-from looptune.diagnose.model import WorkerRead
+from looptune.measure.records import WorkerRead
 
 __all__ = ["BUDGET_S", "measure_worker_read"]
 
@@ -58,7 +58,7 @@ def measure_worker_read(parts: dict[str, Any] | None, budget_s: float = BUDGET_S
     reading it alone (``main_s``; for a script that used workers, where no data wait shows it)."""
     if parts is None:
         return WorkerRead(note="no DataLoader was iterated")
-    from looptune.engine.checkpoint import rng_state, set_rng_state
+    from looptune._rng import rng_state, set_rng_state
 
     state = rng_state()  # the sampler's shuffle draws from the global generator ...
     own = _generators(parts)  # ... or from the script's own, which a watched block reuses

@@ -19,7 +19,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from looptune.diagnose.model import Measurements, Remedy
+from looptune.measure.records import Measurements
+from looptune.diagnose.rules.records import Remedy
 
 if TYPE_CHECKING:
     from looptune.diagnose.verdict import _Profile

@@ -15,7 +15,7 @@ from typing import Any
 import torch
 
 from looptune._io import folder_writable_problem
-from looptune.engine import checkpoint as ckpt
+from looptune._rng import rng_state, set_rng_state
 from looptune.errors import LooptuneError, MeasurementError
 from looptune.measure.metric import ACCURACY, MetricSpec
 
@@ -121,7 +121,7 @@ class RunState:
         return {
             "model": model.state_dict(), "optimizer": optimizer.state_dict(),
             "scheduler": None if scheduler is None else scheduler.state_dict(),
-            "scaler": None if scaler is None else scaler.state_dict(), "rng": ckpt.rng_state(),
+            "scaler": None if scaler is None else scaler.state_dict(), "rng": rng_state(),
             "recipe": recipe, "epoch": self.epoch, "position": self.position,
             "global_batches": self.global_batches, "train_s": self.train_s,
             "epoch_partial_s": self.epoch_partial_s,
@@ -141,7 +141,7 @@ class RunState:
             scheduler.load_state_dict(saved["scheduler"])
         if scaler is not None and saved["scaler"] is not None:
             scaler.load_state_dict(saved["scaler"])
-        ckpt.set_rng_state(saved["rng"])
+        set_rng_state(saved["rng"])
         for name in ("epoch", "position", "global_batches", "train_s", "epoch_partial_s",
                      "data_wait_s", "epoch_s",
                      "epoch_loss", "loss_host", "evals", "eval_s", "time_to_target_s"):

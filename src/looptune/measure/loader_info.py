@@ -8,7 +8,7 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader
 
-from looptune.diagnose.model import LoaderInfo
+from looptune.measure.records import LoaderInfo
 
 __all__ = ["batches_per_pass", "loader_info", "loader_parts"]
 
@@ -53,10 +53,8 @@ def loader_parts(loader: DataLoader) -> dict[str, Any]:
 
 def _user_dataset(loader: DataLoader) -> object:
     """The loader's dataset, seen through looptune's own sample-tracing wrapper."""
-    from looptune.data.faults import Traced
-
-    ds = loader.dataset
-    return ds.dataset if isinstance(ds, Traced) else ds
+    ds = loader.dataset  # data.faults.Traced names what it wraps (measure sits below data)
+    return getattr(ds, "traced_dataset", ds)
 
 
 def _batch_size(loader: DataLoader) -> int | None:
@@ -75,7 +73,7 @@ def _first_sample(loader: DataLoader) -> tuple[int | None, bool | None]:
     The RNG states are restored afterwards: a random augmentation in ``__getitem__`` must not
     shift the script's random stream (the probes must not change its results).
     """
-    from looptune.engine.checkpoint import rng_state, set_rng_state
+    from looptune._rng import rng_state, set_rng_state
 
     saved = rng_state()
     try:

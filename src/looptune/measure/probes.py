@@ -52,7 +52,7 @@ from torch.optim.optimizer import (
 from torch.utils.data import DataLoader
 from torch.utils.data.dataloader import _BaseDataLoaderIter
 
-from looptune.diagnose.model import LoaderInfo, StepSample
+from looptune.measure.records import LoaderInfo, StepSample
 from looptune.measure.loader_info import batches_per_pass, loader_info, loader_parts
 from looptune.measure.probe_hooks import (
     ForwardStart, framework_of_stack, leaf_storages, targets_cuda, weak_ref)

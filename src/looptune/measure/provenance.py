@@ -11,6 +11,8 @@ from typing import Any
 
 import torch
 
+from looptune._version import __version__
+
 __all__ = ["cpu_name", "provenance"]
 
 
@@ -18,7 +20,6 @@ def provenance(device: torch.device) -> dict[str, Any]:
     """A JSON-ready record of the environment a measurement ran in."""
     import numpy
 
-    from looptune import __version__
 
     return {
         "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),

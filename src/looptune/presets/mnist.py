@@ -45,7 +45,7 @@ def cpu_step_settings(batch_size: int, candidates: list[Candidate] = CPU_CANDIDA
     """The step settings for the reference MLP at ``batch_size`` on this CPU, and why."""
     import torch
 
-    from looptune.bench.workloads import SimpleFeedForwardNN
+    from looptune.models import SimpleFeedForwardNN
 
     return probed_settings(workload="mnist-mlp", batch_size=batch_size,
                            candidates=candidates, build_model=SimpleFeedForwardNN,

@@ -6,7 +6,7 @@ from statistics import median
 from typing import Any
 
 from looptune._format import format_bytes
-from looptune.diagnose.model import PHASES
+from looptune.measure.records import PHASES
 from looptune.diagnose.result import Diagnosis
 from looptune.report import plots
 from looptune.report._sections import fmt, key_values, provenance_section

@@ -7,7 +7,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from looptune.diagnose.model import PHASES
+from looptune.measure.records import PHASES
 from looptune.diagnose.ranks import RankReport
 from looptune.diagnose.result import Diagnosis
 from looptune.report.diagnose_sections import part_rows

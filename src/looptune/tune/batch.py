@@ -21,7 +21,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from looptune.engine.checkpoint import rng_state, set_rng_state
+from looptune._rng import rng_state, set_rng_state
 from looptune.engine.device import resolve_device
 from looptune.errors import ConfigError, MeasurementError
 from looptune.measure.memory import PeakMemory

@@ -15,7 +15,7 @@ from contextlib import nullcontext
 import numpy as np
 import torch
 
-from looptune.bench.models import GPT, GPTConfig, lm_loss
+from looptune.models import GPT, GPTConfig, lm_loss
 from looptune.data.text import load_corpus
 
 

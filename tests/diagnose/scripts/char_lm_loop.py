@@ -8,7 +8,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader
 
-from looptune.bench.models import GPT, GPTConfig, lm_loss
+from looptune.models import GPT, GPTConfig, lm_loss
 from looptune.data.text import TokenWindowDataset
 
 torch.set_num_threads(1)  # as cnn_augment_loader.py: no OpenMP barrier stalls on a throttled VM

@@ -8,7 +8,7 @@ import torch
 from PIL import Image
 from torch.utils.data import DataLoader, Dataset
 
-from looptune.bench.models import SmallCNN
+from looptune.models import SmallCNN
 from looptune.data.augment import RandomAffine
 from looptune.data.per_sample import reference_transform
 

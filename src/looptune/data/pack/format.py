@@ -57,6 +57,7 @@ from typing import Any, Literal
 
 import numpy as np
 
+from looptune._version import __version__
 from looptune.errors import DataError
 
 __all__ = [
@@ -193,7 +194,6 @@ def decode_record(buf: bytes | memoryview, fields: tuple[FieldSpec, ...]) -> lis
 
 def build_header(*, num_samples: int, kind: StructureKind, fields: list[FieldSpec],
                  shards: list[ShardSpec], storage: Storage = "memmap") -> dict[str, Any]:
-    from looptune import __version__  # late: looptune/__init__ imports the data package
 
     return {
         "format": FORMAT_NAME, "version": FORMAT_VERSION, "looptune_version": __version__,

@@ -1,15 +1,16 @@
-"""The data diagnose works on: what the probes measured (Measurements) and what the rules
-concluded (Verdict). Pure data, JSON-ready, no torch; units in the field names."""
+"""What the probes measured about a training script: per-step samples, the loader, the
+environment, the batch-size and update replays (:class:`Measurements`). Pure data, JSON-ready, no
+torch; units in the field names. The diagnosis's rules read these records; nothing here knows
+about verdicts."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Literal
 
-__all__ = ["PHASES", "BatchScaling", "Bottleneck", "Environment", "Finding", "LoaderInfo", "Measurements", "Phase",
-           "Remedy", "StepSample", "UpdateReplay", "Verdict", "WorkerRead"]
+__all__ = ["PHASES", "BatchScaling", "Environment", "LoaderInfo", "Measurements", "Phase",
+           "StepSample", "UpdateReplay", "WorkerRead"]
 
-Bottleneck = Literal["data_loading", "host_to_device", "overhead", "compute", "memory"]
 # the phases one step's wall time is split into (they sum to the step time)
 Phase = Literal["data_wait", "host_to_device", "sync", "compute", "other"]
 PHASES: tuple[str, ...] = ("data_wait", "host_to_device", "sync", "compute", "other")
@@ -175,40 +176,3 @@ class Measurements:
     # the training framework whose code called optimizer.step ("transformers",
     # "lightning.pytorch", "lightning.fabric", "accelerate"); None: the script's own loop
     framework: str | None = None
-
-
-@dataclass(frozen=True, kw_only=True)
-class Finding:
-    """A pre-flight observation about the environment or settings."""
-
-    name: str  # e.g. "workers_vs_cores"
-    severity: Literal["info", "warning"]
-    message: str  # the observation with its numbers and what to do
-
-
-@dataclass(frozen=True, kw_only=True)
-class Remedy:
-    action: str  # the exact knob and value, e.g. "DataLoader(num_workers=2, persistent_workers=True)"
-    expected_speedup: float  # upper bound on the whole-step speedup, from the measured shares
-    reason: str  # the numbers it is derived from
-    kind: str = ""  # machine-readable tag, e.g. "loader", "sync", "batch", "precision"
-    measured_speedup: float | None = None  # --verify: the remedy applied and measured
-    # --verify: the rerun trained like the original (same losses within its noise); False: it
-    # changed the training and its speed-up does not count; None: not checked
-    loss_parity: bool | None = None
-
-
-@dataclass(frozen=True, kw_only=True)
-class Verdict:
-    bottleneck: Bottleneck
-    shares: dict[str, float]  # per phase (PHASES), summing to 1 within rounding
-    step_ms: float  # median step time
-    phase_ms: dict[str, float]  # median ms per phase
-    evidence: dict[str, Any]  # the numbers behind the verdict
-    findings: list[Finding]
-    remedies: list[Remedy]  # ranked, largest expected speedup first
-    # the step's own parts (median host ms per step): "forward" (with the loss, when the model
-    # was timed), "backward", "optimizer" (update + zero_grad + clip_grad + grad_scaler +
-    # lr_scheduler), and each of those optimizer parts the step ran as "optimizer.<part>"
-    part_ms: dict[str, float] = field(default_factory=dict)
-    part_shares: dict[str, float] = field(default_factory=dict)  # the same, as shares of the step

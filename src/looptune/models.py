@@ -1,5 +1,7 @@
-"""The models of the built-in workloads beyond the reference MLP: a small conv net for MNIST with
-augmentation, and a small GPT-style byte-level language model (nanoGPT's shape)."""
+"""The models of the built-in workloads: the reference MLP (the tutorial's SimpleFeedForwardNN), a
+small conv net for MNIST with augmentation, and a small GPT-style byte-level language model
+(nanoGPT's shape). Plain ``nn.Module`` s that import nothing from looptune: the workloads (bench)
+and the presets' per-machine probe both build them."""
 
 from __future__ import annotations
 
@@ -10,7 +12,23 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-__all__ = ["SmallCNN", "GPTConfig", "GPT", "lm_loss"]
+__all__ = ["SimpleFeedForwardNN", "SmallCNN", "GPTConfig", "GPT", "lm_loss"]
+
+
+class SimpleFeedForwardNN(nn.Module):
+    """The reference model: flatten, Linear(784,128), ReLU, Linear(128,64), ReLU, Linear(64,10)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc1 = nn.Linear(784, 128)
+        self.fc2 = nn.Linear(128, 64)
+        self.fc3 = nn.Linear(64, 10)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x.view(-1, 784)
+        x = torch.relu(self.fc1(x))
+        x = torch.relu(self.fc2(x))
+        return self.fc3(x)
 
 
 class SmallCNN(nn.Module):
