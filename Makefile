@@ -28,9 +28,9 @@ MUTANTS = \
   'looptune.tune.loader.x__search_workers*' 'looptune.tune.loader.x__compare*' 'looptune.tune.loader.x__gain*' \
   'looptune.tune.batch.x_pick_knee*' 'looptune.tune.batch.x__sweep*' 'looptune.tune.batch.x__refine_sizes*' \
   'looptune.tune.batch.x__eligible*' \
-  'looptune.engine.threads.xǁThreadGovernorǁcalibrate*' 'looptune.engine.threads.xǁThreadGovernorǁ_explored*' \
-  'looptune.engine.threads.xǁThreadGovernorǁ_window_done*' \
-  'looptune.engine.mlp_precision.x_choose_bf16*' 'looptune.presets.probe.x_probe_*'
+  'looptune.fastpath.threads.xǁThreadGovernorǁcalibrate*' 'looptune.fastpath.threads.xǁThreadGovernorǁ_explored*' \
+  'looptune.fastpath.threads.xǁThreadGovernorǁ_window_done*' \
+  'looptune.fastpath.mlp_precision.x_choose_bf16*' 'looptune.presets.probe.x_probe_*'
 
 mutation:        ## the mutation check of the deciding functions (docs/testing.md); `pip install -e '.[mutation]'`
 	# one OpenMP thread: mutmut forks a process whose torch holds a thread pool (forked, it deadlocks)

@@ -21,7 +21,7 @@ import warnings
 
 import looptune
 from _goals import exit_code, smoke_check, smoke_floor, smoke_speedups
-from looptune.engine.threads import thread_summary
+from looptune.fastpath.threads import thread_summary
 from looptune.presets.mnist import TTA_BATCH
 from looptune.report.render import bench_table, wide_console
 

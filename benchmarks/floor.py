@@ -31,7 +31,7 @@ from _goals import exit_code, smoke_check, smoke_floor
 from looptune._io import atomic_write_text
 from looptune.bench import workloads
 from looptune.engine.device import resolve_device
-from looptune.engine.threads import thread_summary
+from looptune.fastpath.threads import thread_summary
 from looptune.measure.floor import Floor, measure_floor
 from looptune.measure.provenance import cpu_name
 from looptune.presets import default_recipes, get_recipe
@@ -54,7 +54,8 @@ def _step_context(recipe: looptune.Recipe, device: torch.device):
     """The recipe's autocast dtype and attention kernel, as its step runs the forward."""
     import contextlib
 
-    from looptune.engine.step import attention_kernel, autocast
+    from looptune.engine.precision import autocast
+    from looptune.engine.step import attention_kernel
 
     attention = attention_kernel(recipe.step.attention, device)
 

@@ -1,17 +1,17 @@
 """The reference MLP's batch-64 step, part by part, each A/B measured side by side in one run.
 
 * the update: torch's ``Adam(fused=True).step()`` + ``zero_grad()`` vs ``optim.impl='direct'``
-  (the same fused kernel called directly; engine/direct.py);
+  (the same fused kernel called directly; fastpath/direct.py);
 * forward + backward: ``loss.backward()`` vs the engine's direct autograd call
   (``engine.step.direct_backward``);
 * the batch: a per-step gather of uint8 rows + normalization vs a gather of rows normalized
   once (``loader.normalize='once'``);
 * the whole step (forward, backward, update) through the engine's Stepper: autograd vs
-  ``step.backward='mlp'`` (engine/mlp.py), in fp32 (the same weights bit for bit) and in bf16
+  ``step.backward='mlp'`` (fastpath/mlp.py), in fp32 (the same weights bit for bit) and in bf16
   (autocast vs each layer in bf16 only where its matmuls measured faster; the input stored in
   bf16, as ``loader.store='autocast'`` keeps it);
 * the written-out step from Python (``backward='mlp'``) vs as one C++ call
-  (``backward='mlp-cpp'``, engine/mlp_step.cpp; the same kernels, bit for bit), fp32 and bf16.
+  (``backward='mlp-cpp'``, fastpath/mlp_step.cpp; the same kernels, bit for bit), fp32 and bf16.
 
 Each pair runs interleaved, ``--rounds`` rounds of about ``--round-s`` seconds each; medians.
 
@@ -117,8 +117,8 @@ def _mlp_pair(precision: str, backwards: tuple[str, str] = ("autograd", "mlp")):
                        cfg=StepConfig(precision=precision, backward=backward),
                        device=torch.device("cpu"))
         step.prepare(64, dtype)
-        if step._mlp is not None and steps and steps[0]._mlp is not None:  # the same layers in
-            for mine, theirs in zip(step._mlp.layers, steps[0]._mlp.layers):  # bf16 as the
+        if step._fast is not None and steps and steps[0]._fast is not None:  # the same layers in
+            for mine, theirs in zip(step._fast.layers, steps[0]._fast.layers):  # bf16 as the
                 mine.bf16 = theirs.bf16  # first's (each prepare times its own choice)
         steps.append(step)
         out[f"step {precision}: backward={backward}"] = lambda step=step: step(x, y)

@@ -1,12 +1,17 @@
-"""Exception hierarchy.
+"""Exception hierarchy: every exception class looptune defines, in one place.
 
 Every error looptune raises on purpose derives from :class:`LooptuneError`, so a CLI can turn it
-into a clean message and exit code 2 while real bugs still show a traceback.
+into a clean message and exit code 2 while real bugs still show a traceback. Three are not
+errors of the user's and derive from elsewhere on purpose: :class:`SampleError` (carried out of
+a DataLoader worker and re-raised with the sample named), :class:`FastPathUnsupported` (the
+engine falls back to autograd) and :class:`StopScript` (control flow, a BaseException).
 """
 
 from __future__ import annotations
 
-__all__ = ["LooptuneError", "ConfigError", "DataError", "MeasurementError"]
+__all__ = ["LooptuneError", "ConfigError", "DataError", "MeasurementError", "NonFiniteLoss",
+           "CheckpointWriteError", "Interrupted", "LaunchFailed", "SampleError", "FastPathUnsupported",
+           "StopScript"]
 
 
 class LooptuneError(Exception):
@@ -31,3 +36,45 @@ class DataError(LooptuneError):
 
 class MeasurementError(LooptuneError):
     """A measurement could not be taken or makes no sense (e.g. zero steps measured)."""
+
+
+class FastPathUnsupported(Exception):
+    """A workload-specific fast step (``looptune.fastpath``) does not compute this model, loss or
+    run; the message says why. Not a user error: the Stepper runs autograd and records why."""
+
+
+class LaunchFailed(LooptuneError):
+    """A rank of a launched job failed; the message names each failed rank and why."""
+
+    def __init__(self, message: str, failures: dict[int, str]) -> None:
+        super().__init__(message)
+        self.failures = failures  # global rank -> reason
+
+
+class CheckpointWriteError(LooptuneError, OSError):
+    """A checkpoint could not be written (disk full, folder gone read-only); the previous
+    checkpoint is intact."""
+
+
+class Interrupted(LooptuneError):
+    """SIGINT/SIGTERM stopped the run after a whole step; ``exit_code`` is 128 + the signal."""
+
+    def __init__(self, signum: int, message: str) -> None:
+        super().__init__(message)
+        self.signum, self.exit_code = signum, 128 + signum
+
+
+class NonFiniteLoss(MeasurementError):
+    """The loss became NaN or infinite; the message names epoch, step and the batch's samples."""
+
+
+class SampleError(Exception):
+    """The dataset raised on one sample; the message names it and the worker. Constructible from
+    one string, so torch can carry it out of a worker process."""
+
+
+class StopScript(BaseException):
+    """Raised from a step hook to end the script once enough steps were measured.
+
+    A BaseException, so a script's ``except Exception`` does not swallow it.
+    """

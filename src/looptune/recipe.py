@@ -57,15 +57,15 @@ Store = Literal["float32", "autocast"]
 # sync per step on CUDA). epoch: summed on the device, read once per epoch.
 LossSync = Literal["step", "epoch"]
 # fixed: cpu_threads (or torch's default) all run long; adaptive: follows the faster count as
-# measured while training (engine/threads.py)
+# measured while training (fastpath/threads.py)
 ThreadPolicy = Literal["fixed", "adaptive"]
 # Autocast compute dtype. fp16 needs a GradScaler (looptune adds one); bf16 does not.
 Precision = Literal["fp32", "bf16", "fp16"]
 # How gradients are computed. autograd: recorded and replayed by torch.autograd. mlp: a chain of
-# Linear/ReLU layers under cross-entropy, forward and backward written out (engine/mlp.py): the
+# Linear/ReLU layers under cross-entropy, forward and backward written out (fastpath/mlp.py): the
 # same kernels without autograd's per-step graph; under bf16, each layer in bf16 only where its
 # matmuls measured faster that way; with compile, the written-out step is one compiled graph.
-# mlp-cpp: the same written-out step as one C++ call (engine/mlp_step.cpp, built at setup;
+# mlp-cpp: the same written-out step as one C++ call (fastpath/mlp_step.cpp, built at setup;
 # without a compiler it runs from Python, as mlp, with the reason).
 Backward = Literal["autograd", "mlp", "mlp-cpp"]
 # torch.compile mode; "off" runs eagerly.
@@ -76,7 +76,7 @@ CUDA_ONLY_ATTENTION = ("efficient", "cudnn")  # SDPA kernels that exist only on 
 OptimizerName = Literal["sgd", "adam", "adamw"]
 # auto: torch's default; foreach: one kernel per op over all params; fused: one kernel per step;
 # direct: the fused kernel called directly, without torch's per-step Python bookkeeping (Adam and
-# AdamW; the same update bit for bit, see engine/direct.py); for-loop: per-parameter ops (the
+# AdamW; the same update bit for bit, see fastpath/direct.py); for-loop: per-parameter ops (the
 # slowest, the most portable).
 OptimizerImpl = Literal["auto", "foreach", "fused", "direct", "for-loop"]
 ScheduleName = Literal["constant", "cosine", "onecycle", "cyclic", "step"]

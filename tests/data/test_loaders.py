@@ -2,7 +2,8 @@ import pytest
 import torch
 
 from looptune.data import loaders
-from looptune.data.loaders import (ImageData, PerSampleImages, _ToTensorNormalize, epoch_permutation,
+from looptune.data.per_sample import _ToTensorNormalize
+from looptune.data.loaders import (ImageData, PerSampleImages, epoch_permutation,
                                    make, normalize_batch)
 from looptune.recipe import LoaderConfig
 

@@ -211,7 +211,7 @@ def test_ranks_that_see_different_newest_checkpoints_are_refused(tmp_path):
     refused, naming what each rank found."""
     from types import SimpleNamespace
 
-    from looptune.engine.loop import _Run
+    from looptune.engine.loop import _Training
 
     folder = tmp_path / "ckpt"
     _train(folder, epochs=1)
@@ -227,7 +227,7 @@ def test_ranks_that_see_different_newest_checkpoints_are_refused(tmp_path):
     fake = SimpleNamespace(options=SimpleNamespace(checkpoint_dir=folder), device="cpu",
                            ctx=TwoRanks(), decisions=[])
     with pytest.raises(looptune.ConfigError) as err:
-        _Run._resume(fake)
+        _Training._resume(fake)
     assert seen == ["ckpt-000000015.pt"]
     assert "rank 0: ckpt-000000015.pt, rank 1: ckpt-000000010.pt" in str(err.value)
     assert "shared" in str(err.value)

@@ -22,6 +22,7 @@ import torch
 from torch.utils.data import Dataset, get_worker_info
 
 from looptune.errors import DataError
+from looptune.errors import SampleError  # raised here; defined with the others
 
 __all__ = ["WORKER_GONE", "SampleError", "Traced", "batch_nbytes", "guarded", "shm_problem",
            "traced", "worker_failure"]
@@ -29,11 +30,6 @@ __all__ = ["WORKER_GONE", "SampleError", "Traced", "batch_nbytes", "guarded", "s
 # what reading a batch from a worker that died raises before torch names the dead worker
 WORKER_GONE = (RuntimeError, EOFError, ConnectionError)
 SHM = "/dev/shm"  # where DataLoader workers hand batches to the training process (Linux)
-
-
-class SampleError(Exception):
-    """The dataset raised on one sample; the message names it and the worker. Constructible from
-    one string, so torch can carry it out of a worker process."""
 
 
 def _describe(index: Any) -> str:

@@ -16,7 +16,7 @@ from torch.utils.data import Dataset
 from looptune.data.augment import torchvision_transforms as _torchvision_transforms
 
 if TYPE_CHECKING:
-    from looptune.data.loaders import ImageData
+    from looptune.data.batches import ImageData
 
 __all__ = ["PerSampleImages", "reference_transform", "transform_kind"]
 

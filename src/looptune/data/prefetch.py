@@ -1,7 +1,7 @@
 """The ``prefetch`` loader strategy: a background thread readies the next batches during the step.
 
 The batches and their order are exactly those of the ``tensorized`` and ``device`` strategies
-(:func:`~looptune.data.loaders.epoch_permutation`, last partial batch kept unless ``drop_last``):
+(:func:`~looptune.data.order.epoch_permutation`, last partial batch kept unless ``drop_last``):
 only *when* and *where* each batch is prepared changes.
 
 * CPU: the producer thread gathers the next ``depth`` uint8 batches (``index_select`` releases the
@@ -29,7 +29,9 @@ from typing import Any
 
 import torch
 
-from looptune.data import loaders  # module, not names: make() may import this module lazily
+from looptune.data.batches import BatchedData, ImageData, prepare_batch
+from looptune.data.order import (batch_indices, epoch_batches, rank_num_batches,
+                                 rank_samples_per_epoch)
 from looptune.errors import ConfigError
 from looptune.recipe import LoaderConfig
 
@@ -88,7 +90,7 @@ class PrefetchSource:
         ...     x, y = source.to_device(x, y)
     """
 
-    def __init__(self, cfg: LoaderConfig, data: loaders.ImageData | loaders.BatchedData, *,
+    def __init__(self, cfg: LoaderConfig, data: ImageData | BatchedData, *,
                  device: torch.device, seed: int, rank: int = 0, world: int = 1) -> None:
         self.depth = _check_depth(cfg.prefetch_factor)
         self.cfg, self.seed, self.mean, self.std = cfg, seed, data.mean, data.std
@@ -97,11 +99,11 @@ class PrefetchSource:
         self.device = _resolve_device(torch.device(device))
         self.data = data  # stays in host memory (tensors, or a packed dataset read per batch)
         self.n = len(data)
-        self.samples_per_epoch = loaders.rank_samples_per_epoch(self.n, cfg, world)
+        self.samples_per_epoch = rank_samples_per_epoch(self.n, cfg, world)
         self._active: _Producer | None = None
 
     def __len__(self) -> int:
-        return loaders.rank_num_batches(self.n, self.cfg.batch_size, self.cfg.drop_last,
+        return rank_num_batches(self.n, self.cfg.batch_size, self.cfg.drop_last,
                                         self.world)
 
     def epoch(self, epoch: int, start: int = 0) -> Iterator[Batch]:
@@ -127,7 +129,7 @@ class PrefetchSource:
 
     def batch_indices(self, epoch: int, i: int) -> torch.Tensor:
         """The dataset indices in batch ``i`` of ``epoch``."""
-        return loaders.batch_indices(self.n, self.cfg.batch_size, seed=self.seed, epoch=epoch, i=i,
+        return batch_indices(self.n, self.cfg.batch_size, seed=self.seed, epoch=epoch, i=i,
                                      drop_last=self.cfg.drop_last, rank=self.rank,
                                      world=self.world)
 
@@ -141,7 +143,7 @@ class PrefetchSource:
         Returns:
             ``(normalized float32 images, labels)``.
         """
-        return loaders.prepare_batch(x, self.mean, self.std, self.augment), y
+        return prepare_batch(x, self.mean, self.std, self.augment), y
 
     def close(self) -> None:
         """Stop the active producer thread, if any (idempotent)."""
@@ -161,7 +163,7 @@ class PrefetchSource:
 
     def _start(self, epoch: int, start: int) -> _Producer:
         self.close()  # another iterator may have started since epoch() returned this one
-        batches = loaders.epoch_batches(self.n, self.cfg.batch_size, seed=self.seed, epoch=epoch,
+        batches = epoch_batches(self.n, self.cfg.batch_size, seed=self.seed, epoch=epoch,
                                         drop_last=self.cfg.drop_last, rank=self.rank,
                                         world=self.world)[start:]
         stage = self._stager()
@@ -217,7 +219,7 @@ def _side_stream_path(device: torch.device) -> bool:
     return device.type == "cuda"
 
 
-def _gather(data: loaders.ImageData | loaders.BatchedData, index: torch.Tensor,
+def _gather(data: ImageData | BatchedData, index: torch.Tensor,
             out: Batch | None = None) -> Batch:
     """Rows ``index`` of inputs and targets; into the leading rows of ``out`` buffers when given."""
     return data.gather(index, out)
@@ -226,7 +228,7 @@ def _gather(data: loaders.ImageData | loaders.BatchedData, index: torch.Tensor,
 class _HostStager:
     """CPU (and non-CUDA) path: the producer thread only gathers, into fresh host tensors."""
 
-    def __init__(self, data: loaders.ImageData | loaders.BatchedData) -> None:
+    def __init__(self, data: ImageData | BatchedData) -> None:
         self.data = data
 
     def __call__(self, i: int, index: torch.Tensor) -> _Staged:
@@ -240,7 +242,7 @@ class _HostStager:
 class _CudaStager:
     """CUDA path: gather into a ring of host buffers, copy on a side stream, record an event."""
 
-    def __init__(self, data: loaders.ImageData | loaders.BatchedData, *, slots: int,
+    def __init__(self, data: ImageData | BatchedData, *, slots: int,
                  device: torch.device, batch_size: int, pin: bool, non_blocking: bool) -> None:
         self.data, self.device = data, device
         self.non_blocking = non_blocking

@@ -15,17 +15,10 @@ import sys
 import uuid
 from collections.abc import Sequence
 
-from looptune.errors import ConfigError, LooptuneError
+from looptune.errors import ConfigError
+from looptune.errors import LaunchFailed  # raised here; defined with the others
 
 __all__ = ["LaunchFailed", "launch", "nproc_problem", "threads_per_rank"]
-
-
-class LaunchFailed(LooptuneError):
-    """A rank of a launched job failed; the message names each failed rank and why."""
-
-    def __init__(self, message: str, failures: dict[int, str]) -> None:
-        super().__init__(message)
-        self.failures = failures  # global rank -> reason
 
 
 def nproc_problem(nproc: object, flag: str = "--nproc") -> str | None:

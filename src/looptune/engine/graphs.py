@@ -15,6 +15,8 @@ from collections.abc import Callable
 
 import torch
 
+from looptune.engine.precision import autocast
+
 __all__ = ["GraphedStep"]
 
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
@@ -32,8 +34,6 @@ class GraphedStep:
     def __init__(self, *, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
                  loss_fn: LossFn, example: tuple[torch.Tensor, torch.Tensor],
                  precision: str, attention=contextlib.nullcontext) -> None:
-        from looptune.engine.step import autocast  # step imports this module
-
         self.model, self.optimizer, self.loss_fn = model, optimizer, loss_fn
         self._autocast = lambda: autocast(example[0].device, precision, cache=False)
         self._attention = attention  # a context factory pinning the SDPA kernel (or a no-op)

@@ -7,10 +7,11 @@ sink, tells it how far it got. Bookkeeping (checkpoint state, signals) lives in 
 
 from __future__ import annotations
 
+import contextlib
 import math
 import time
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import asdict
 from pathlib import Path
 from typing import Protocol
@@ -22,7 +23,7 @@ from looptune.data.loaders import BatchSource
 from looptune.data.store import store_in_autocast_dtype
 from looptune.dist import ddp
 from looptune.dist.context import DistContext
-from looptune.dist.results import combine_ranks
+from looptune.dist.combine import combine_ranks
 from looptune.engine import checkpoint as ckpt
 from looptune.engine.evals import DeferredEvals
 from looptune.engine.optim import build_optimizer, optimizer_kind
@@ -39,7 +40,7 @@ from looptune.engine.run_state import (
 )
 from looptune.engine.schedule import build_scheduler
 from looptune.engine.step import Stepper
-from looptune.engine.threads import ThreadGovernor, governor_for
+from looptune.fastpath.threads import ThreadGovernor, governor_for
 from looptune.errors import ConfigError, MeasurementError
 from looptune.measure.memory import PeakMemory
 from looptune.measure.results import RunResult, metric_fields
@@ -88,31 +89,38 @@ def train(*, model: torch.nn.Module, source: BatchSource, recipe: Recipe, loss_f
         NonFiniteLoss: the loss became NaN/inf (with ``stop_on_nonfinite``).
         Interrupted: SIGINT/SIGTERM; the run saved a checkpoint first if it has a folder.
     """
-    run = _Run(model, source, recipe, loss_fn, device, options, evaluate, progress,
-               dist or DistContext())
+    run = _Training(model=model, source=source, recipe=recipe, loss_fn=loss_fn, device=device,
+                    options=options, evaluate=evaluate, progress=progress,
+                    ctx=dist or DistContext())
+    stepper, state, n_batches = run.stepper, run.state, len(source)
     decisions = list(decisions or []) + run.decisions
-    with cpu_threads(recipe.cpu_threads), stop_signals(run.state):
-        images = getattr(source, "images", None)  # a device-resident dataset: its stored dtype
-        decisions += run.stepper.prepare(recipe.loader.batch_size, images.dtype if isinstance(
-            images, torch.Tensor) and images.is_floating_point() else torch.float32)
-        run.threads, off = governor_for(recipe.thread_policy, recipe.cpu_threads, device,
-                                        run.ctx.world_size, calibrate=run.stepper.idle_call)
-        decisions += [off] if off is not None else []
+    with cpu_threads(recipe.cpu_threads), stop_signals(state):
+        decisions += run.set_up_step()  # the fast step and the thread governor, off the clock
         run.memory.start()
-        for epoch in range(run.state.epoch, options.epochs):
-            run.state.epoch = epoch
-            run.train_epoch(epoch)
-        run.stepper.check_skips()
+        for epoch in range(state.epoch, options.epochs):
+            state.epoch = epoch
+            with run.worker_failures_named():  # a dead or hung DataLoader worker, named
+                batches = run.start_epoch(epoch)  # clock on; worker start-up is data wait
+                while (batch := run.next_batch(batches)) is not None:  # the data wait
+                    i = state.position
+                    x, y = source.to_device(*batch)
+                    loss = stepper(x, y, boundary=i == n_batches - 1)
+                    run.record_loss(loss, i)
+                    run.after_step(i)  # progress, NaN checks, evals, checkpoints: off the clock
+                run.end_epoch(epoch)  # sync: the clock waits for the device; the epoch's loss
+        stepper.check_skips()
     if run.threads is not None:  # what the thread counts measured, and every switch
         decisions.append(run.threads.decision())
     run.score_pending()  # the evaluation points kept during training (engine/evals.py)
     return combine_ranks(run.result(setup_s=setup_s, decisions=decisions), run.ctx)
 
 
-class _Run:
-    """One run's objects and its per-epoch loop."""
+class _Training:
+    """One run's objects, and what ``train()``'s loop calls between its steps."""
 
-    def __init__(self, model, source, recipe, loss_fn, device, options, evaluate, progress, ctx):
+    def __init__(self, *, model: torch.nn.Module, source: BatchSource, recipe: Recipe,
+                 loss_fn: LossFn, device: torch.device, options: RunOptions,
+                 evaluate: Evaluate | None, progress: Progress | None, ctx: DistContext) -> None:
         if len(source) == 0:
             raise MeasurementError("the data yields no batches: the dataset is empty or smaller "
                                    "than one batch with drop_last=True")
@@ -131,7 +139,8 @@ class _Run:
         self.stepper = Stepper(model=model, optimizer=self.optimizer, scheduler=self.scheduler,
                                loss_fn=loss_fn, cfg=recipe.step, device=device)
         self.state, self.memory, self.clock = RunState(), PeakMemory(device), Stopwatch(device)
-        self.threads: ThreadGovernor | None = None  # thread_policy='adaptive' (train() sets it)
+        self.threads: ThreadGovernor | None = None  # thread_policy='adaptive' (set_up_step)
+        self._compile_before = 0.0  # compile seconds when the epoch started (start_epoch)
         self.deferred = DeferredEvals(self.module)
         self.report_every = max(1, len(source) // 50)
         if recipe.loader.store == "autocast":  # before any step: the batches' dtype is fixed
@@ -141,10 +150,24 @@ class _Run:
             self._resume()
         model.train()
 
-    def train_epoch(self, epoch: int) -> None:
+    def set_up_step(self) -> list[Decision]:
+        """The fast step for this run's batches (``looptune.fastpath``) and the adaptive thread
+        governor, calibrated on it; their decisions."""
+        recipe, stepper = self.recipe, self.stepper
+        images = getattr(self.source, "images", None)  # a device-resident dataset: its dtype
+        decisions = stepper.prepare(recipe.loader.batch_size, images.dtype if isinstance(
+            images, torch.Tensor) and images.is_floating_point() else torch.float32)
+        self.threads, off = governor_for(recipe.thread_policy, recipe.cpu_threads, self.device,
+                                         self.ctx.world_size, calibrate=stepper.idle_call)
+        return decisions + ([off] if off is not None else [])
+
+    @contextlib.contextmanager
+    def worker_failures_named(self) -> Iterator[None]:
+        """A DataLoader worker that died or hung ends the epoch with an error naming it and the
+        sample it was reading (``source.failure``), instead of torch's bare one."""
         try:
-            self._train_epoch(epoch)
-        except WORKER_GONE as err:  # a DataLoader worker died or hung: name it and its sample
+            yield
+        except WORKER_GONE as err:
             try:  # first statement: torch's SIGCHLD handler, pending when the pipe broke, runs
                 named = self._worker_failure(err)  # at the next call and raises its own error
             except WORKER_GONE as late:
@@ -157,37 +180,45 @@ class _Run:
         failure = getattr(self.source, "failure", None)
         return failure(err) if failure is not None else None
 
-    def _train_epoch(self, epoch: int) -> None:
-        state, source, n_batches = self.state, self.source, len(self.source)
+    def start_epoch(self, epoch: int) -> Iterator:
+        """Start the clock and the epoch's batches (from ``state.position`` on a resume); the
+        workers' start-up and the epoch's gather count as data wait."""
+        state = self.state
         if state.position == 0:
-            state.loss_host, state.losses = 0.0, torch.zeros(n_batches, device=self.device)
-        compile_before = self.stepper.stats.compile_s
+            state.loss_host, state.losses = 0.0, torch.zeros(len(self.source), device=self.device)
+        self._compile_before = self.stepper.stats.compile_s
         self._start_clock()
         t0 = time.perf_counter()
-        batches = iter(source.epoch(epoch, start=state.position))  # worker start-up, epoch gather
+        batches = iter(self.source.epoch(epoch, start=state.position))
         state.data_wait_s += time.perf_counter() - t0
         if self.threads is not None:  # the epoch's set-up is not a step's time
             self.threads.new_window()
-        while True:
-            t0 = time.perf_counter()
-            batch = next(batches, None)  # the data wait: blocked until the next batch exists
-            state.data_wait_s += time.perf_counter() - t0
-            if batch is None:
-                break
-            i = state.position
-            x, y = source.to_device(*batch)
-            loss = self.stepper(x, y, boundary=i == n_batches - 1)
-            self._record_loss(loss, i)
-            if self.threads is not None:
-                self.threads.tick()
-            state.position, state.global_batches = i + 1, state.global_batches + 1
-            self._between_steps(i)
-        self._pause_clock()
-        self._check_finite(epoch, n_batches)
-        compiled = self.stepper.stats.compile_s - compile_before  # compiling is not training
-        self._end_epoch(epoch, state.epoch_partial_s - compiled)
+        return batches
 
-    def _record_loss(self, loss: torch.Tensor, i: int) -> None:
+    def next_batch(self, batches: Iterator):
+        """The next host batch, or None at the epoch's end; the time blocked is data wait."""
+        t0 = time.perf_counter()
+        batch = next(batches, None)
+        self.state.data_wait_s += time.perf_counter() - t0
+        return batch
+
+    def end_epoch(self, epoch: int) -> None:
+        """Stop the clock, check the losses, record the epoch (its compile time excluded)."""
+        self._pause_clock()
+        self._check_finite(epoch, len(self.source))
+        compiled = self.stepper.stats.compile_s - self._compile_before  # compiling isn't training
+        self._end_epoch(epoch, self.state.epoch_partial_s - compiled)
+
+    def after_step(self, i: int) -> None:
+        """Count batch ``i`` as trained, then progress, NaN checks, evaluation, checkpoints and
+        signals, off the training clock."""
+        state = self.state
+        if self.threads is not None:
+            self.threads.tick()
+        state.position, state.global_batches = i + 1, state.global_batches + 1
+        self._between_steps(i)
+
+    def record_loss(self, loss: torch.Tensor, i: int) -> None:
         state = self.state
         if state.first_loss is None:
             state.first_loss = loss.clone()  # clone: a graphed step overwrites its loss tensor

@@ -23,7 +23,7 @@ from typing import Any, Literal
 import torch
 import torch.optim.optimizer as torch_optimizer
 
-from looptune.engine.direct import DirectAdam, DirectAdamW, is_direct
+from looptune.fastpath.direct import DirectAdam, DirectAdamW, is_direct
 from looptune.errors import ConfigError
 from looptune.recipe import Decision, OptimConfig, OptimizerImpl, OptimizerName
 

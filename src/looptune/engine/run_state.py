@@ -16,7 +16,7 @@ import torch
 
 from looptune._io import folder_writable_problem
 from looptune._rng import rng_state, set_rng_state
-from looptune.errors import LooptuneError, MeasurementError
+from looptune.errors import CheckpointWriteError, Interrupted, NonFiniteLoss  # raised here; defined with the others
 from looptune.measure.metric import ACCURACY, MetricSpec
 
 __all__ = [
@@ -77,23 +77,6 @@ class RunOptions:
 
 def _pos_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value >= 1
-
-
-class CheckpointWriteError(LooptuneError, OSError):
-    """A checkpoint could not be written (disk full, folder gone read-only); the previous
-    checkpoint is intact."""
-
-
-class Interrupted(LooptuneError):
-    """SIGINT/SIGTERM stopped the run after a whole step; ``exit_code`` is 128 + the signal."""
-
-    def __init__(self, signum: int, message: str) -> None:
-        super().__init__(message)
-        self.signum, self.exit_code = signum, 128 + signum
-
-
-class NonFiniteLoss(MeasurementError):
-    """The loss became NaN or infinite; the message names epoch, step and the batch's samples."""
 
 
 @dataclass

@@ -15,15 +15,15 @@ from dataclasses import dataclass, field
 import torch
 
 from looptune.dist import ddp
-from looptune.engine import graphs, mlp
-from looptune.engine import native as native_step
+from looptune import fastpath
+from looptune.engine import graphs
+from looptune.engine.precision import autocast  # re-exported: benchmarks enter it from here
 from looptune.errors import MeasurementError
 from looptune.recipe import CUDA_ONLY_ATTENTION, Decision, StepConfig
 
 __all__ = ["StepStats", "Stepper", "attention_kernel", "autocast", "direct_backward"]
 
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
-_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
 
 @dataclass
@@ -40,13 +40,6 @@ class StepStats:
     @property
     def recompiles(self) -> int:
         return max(self.compile_events - 1, 0)
-
-
-def autocast(device: torch.device, precision: str, *, cache: bool = True):
-    """``torch.autocast`` for ``precision`` ("fp32" disables it). ``cache=False`` inside graphs."""
-    if precision == "fp32":
-        return contextlib.nullcontext()
-    return torch.autocast(device.type, dtype=_DTYPES[precision], cache_enabled=cache)
 
 
 _SDPA_BACKENDS = {"math": "MATH", "flash": "FLASH_ATTENTION", "efficient": "EFFICIENT_ATTENTION",
@@ -92,48 +85,24 @@ class Stepper:
         self._graph: graphs.GraphedStep | None = None
         self._backward = direct_backward() if (device.type == "cpu" and cfg.compile == "off"
                                                ) else torch.Tensor.backward
-        self._mlp: mlp.MLPStep | None = None
+        self._fast: fastpath.FastStep | None = None  # set by prepare()
         self._seed = torch.ones((), device=device) / cfg.accumulate  # d(loss / k) / d(loss)
 
     def prepare(self, batch_size: int, input_dtype: torch.dtype) -> list[Decision]:
-        """Set up ``backward='mlp'`` for batches of ``batch_size`` arriving in ``input_dtype``
-        (off the clock: under bf16 it times each layer's matmuls both ways); the decisions say
-        what runs and why, or why autograd runs instead."""
-        asked = self.cfg.backward
-        if asked == "autograd":
-            return []
-        try:
-            layers = mlp.plan(self.model, self.loss_fn)
-        except mlp.Unsupported as why:
-            return [Decision("step.backward", "autograd", reason=(
-                f"backward={asked!r} needs a chain of Linear/ReLU layers under cross-entropy: "
-                f"{why}; stepped with autograd"))]
-        native, how = None, ""
-        if asked == "mlp-cpp":
-            native, how = native_step.load_mlp_step()
-        self._mlp = mlp.MLPStep(layers, compile=self.cfg.compile, native=native)
-        ran = asked if native is not None or asked == "mlp" else "mlp"
-        how = (f"; one C++ call per step (engine/mlp_step.cpp, {how})" if native is not None
-               else f"; run from Python instead: {how}" if how else "")
-        if self.cfg.precision != "bf16":
-            what = ("forward and backward written out in fp32 (the same kernels as autograd, "
-                    "no per-step graph)")
-        else:
-            what = ("written out; each in bf16 only where its matmuls ran faster that way at "
-                    f"batch {batch_size}, timed here: "
-                    f"{mlp.choose_bf16(layers, batch_size, input_dtype)}")
-        warm = self._mlp.warm_up(batch_size, input_dtype)
-        warmed = (f"; its kernels created at setup ({warm * 1e3:.1f} ms, off the clock)"
-                  if warm else "")
-        return [Decision("step.backward", ran, reason=(
-            f"{len(layers)} Linear layers under cross-entropy, {what}{how}{warmed}"))]
+        """Set up the fast step ``cfg.backward`` names (``looptune.fastpath``) for batches of
+        ``batch_size`` arriving in ``input_dtype``, off the clock; the decisions say what runs
+        and why, or why autograd runs instead."""
+        self._fast, decisions = fastpath.build(model=self.model, loss_fn=self.loss_fn,
+                                               cfg=self.cfg, batch_size=batch_size,
+                                               input_dtype=input_dtype)
+        return decisions
 
     @property
     def idle_call(self) -> Callable[[], object] | None:
-        """A forward+backward that changes nothing a run keeps (the written-out step on a zero
-        batch: only its gradient buffers, which the next step overwrites), for timing at
-        setup; None for an autograd step."""
-        return self._mlp.idle_call if self._mlp is not None else None
+        """A forward+backward that changes nothing a run keeps (a fast step on a zero batch:
+        only its gradient buffers, which the next step overwrites), for timing at setup; None
+        for an autograd step."""
+        return self._fast.idle_call if self._fast is not None else None
 
     def __call__(self, x: torch.Tensor, y: torch.Tensor, *, boundary: bool = False) -> torch.Tensor:
         if self.cfg.channels_last and isinstance(x, torch.Tensor) and x.dim() == 4:
@@ -147,8 +116,8 @@ class Stepper:
     def _micro_step(self, x: torch.Tensor, y: torch.Tensor, boundary: bool) -> torch.Tensor:
         k = self.cfg.accumulate
         steps_now = self._micro + 1 == k or boundary
-        if self._mlp is not None:
-            loss = self._mlp(x, y, self._seed, first=self._micro == 0)
+        if self._fast is not None:  # a workload's own step (looptune.fastpath), no autograd
+            loss = self._fast(x, y, self._seed, first=self._micro == 0)
             self._micro += 1
             if steps_now:
                 self._optimizer_step()
@@ -169,7 +138,7 @@ class Stepper:
             self.optimizer.step()
         else:
             self._scaled_step()
-        if self._mlp is None:  # backward='mlp' sets every .grad anew at the next step
+        if self._fast is None:  # a fast step sets every .grad anew at the next step
             self.optimizer.zero_grad(set_to_none=True)  # None grads: no memset per parameter
         if self.scheduler is not None:
             self.scheduler.step()
@@ -218,8 +187,8 @@ class Stepper:
         self.stats.compile_fallback = (f"torch.compile(mode={self.cfg.compile!r}) failed, ran "
                                        f"eagerly instead: {type(err).__name__}: {err}"[:500])
         self._forward_loss = _eager(self.model, self.loss_fn)
-        if self._mlp is not None:
-            self._mlp.use_eager()
+        if self._fast is not None:
+            self._fast.use_eager()
         self.optimizer.zero_grad(set_to_none=True)  # drop anything the failed step accumulated
         self._micro = 0
 

@@ -11,12 +11,14 @@ from typing import Any, Protocol
 import torch
 
 
-class _ForwardListener(Protocol):
-    """What the hook calls: :class:`looptune.measure.probes.StepProbes` (not imported: one way)."""
+__all__ = ["ForwardListener", "ForwardStart", "framework_of_stack", "leaf_storages", "targets_cuda", "weak_ref"]
 
-    def _forward_started(self) -> None: ...
 
-__all__ = ["ForwardStart", "framework_of_stack", "leaf_storages", "targets_cuda", "weak_ref"]
+class ForwardListener(Protocol):
+    """What the hook calls: :class:`looptune.measure.probes.StepProbes`, which imports this
+    module (so this module names the method it calls, and never imports probes)."""
+
+    def forward_started(self) -> None: ...
 
 
 class ForwardStart:
@@ -24,13 +26,13 @@ class ForwardStart:
     shares it; pickled with the module (a script's ``torch.save(model)``) it becomes a hook that
     does nothing, so the script's checkpoint neither fails nor holds the probes."""
 
-    def __init__(self, probes: _ForwardListener | None) -> None:
+    def __init__(self, probes: ForwardListener | None) -> None:
         self._probes = None if probes is None else weakref.ref(probes)
 
     def __call__(self, module: Any, args: Any) -> None:
         probes = None if self._probes is None else self._probes()
         if probes is not None:
-            probes._forward_started()
+            probes.forward_started()
 
     def __deepcopy__(self, memo: dict) -> ForwardStart:
         return self

@@ -47,6 +47,8 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
+
+from looptune.errors import StopScript  # raised here; defined with the others
 from torch.optim.optimizer import (
     register_optimizer_step_post_hook, register_optimizer_step_pre_hook)
 from torch.utils.data import DataLoader
@@ -72,13 +74,6 @@ PART_NAMES = ("forward", "backward", "optimizer", "zero_grad", "clip_grad", "gra
               "lr_scheduler")
 # timed exclusively too, so that a part does not include them: they are phases of their own
 _PHASE_PARTS = ("data_wait", "host_to_device", "sync")
-
-
-class StopScript(BaseException):
-    """Raised from a step hook to end the script once enough steps were measured.
-
-    A BaseException, so a script's ``except Exception`` does not swallow it.
-    """
 
 
 def _frame_depth(frame: Any) -> int:
@@ -260,7 +255,8 @@ class StepProbes:
         self._model_hook = module.register_forward_pre_hook(ForwardStart(self))
         self._model, self._model_t0 = 0.0, None
 
-    def _forward_started(self) -> None:
+    def forward_started(self) -> None:
+        """The timed model's forward began (its pre-hook, ``probe_hooks.ForwardStart``, calls)."""
         if (self._model_t0 is None and not self.paused and torch.is_grad_enabled()
                 and threading.get_ident() == self._thread):
             self._model_t0 = time.perf_counter()

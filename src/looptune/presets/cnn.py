@@ -37,7 +37,7 @@ def _fast(device_type: str) -> Recipe:
         Decision("loss_sync", "epoch", reason="the loss stays on the device: no sync per step"),
     ) + ((Decision("thread_policy", "adaptive", reason=(
         "the loop times its steps and moves to fewer intra-op threads when a core is taken "
-        "(engine/threads.py): `python benchmarks/threads.py --workload mnist-cnn --epochs 1 "
+        "(fastpath/threads.py): `python benchmarks/threads.py --workload mnist-cnn --epochs 1 "
         "--repeats 2` on a 2-core AMD EPYC (Zen 4) VM, torch 2.13 CPU, medians: beside one busy "
         "process 5.04 -> 2.41 s/epoch (2.09x; tta 6.68 -> 2.67), quiet 1.50 -> 1.44 (tta 1.63 "
         "-> 1.61). Not bit-reproducible: --set thread_policy=fixed for that")),)

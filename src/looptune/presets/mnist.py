@@ -61,7 +61,7 @@ def _store(chosen: Candidate) -> str:
 
 ADAPTIVE = Decision("thread_policy", "adaptive", reason=(
     "the probe's thread count is where the run starts; the loop then times its steps in short "
-    "windows and moves to fewer threads when a core is taken (engine/threads.py). Measured on a "
+    "windows and moves to fewer threads when a core is taken (fastpath/threads.py). Measured on a "
     "2-vCPU AMD EPYC VM, torch 2.13.0+cpu: beside one busy process fast ran 0.39-0.46 s/epoch "
     "adaptive vs 0.93-1.34 fixed, tta 0.22-0.27 vs 0.35-0.36; quiet ~2% slower (its short "
     "exploring windows); the VM's own slow phases (2 threads 360-390 us/step vs ~300 on 1 for "

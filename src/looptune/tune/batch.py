@@ -51,8 +51,8 @@ class BatchSizeResult:
                 "decisions": [vars(d) for d in self.decisions]}
 
 
-@dataclass(frozen=True)
-class _Run:  # everything one trial needs; built once per search
+@dataclass(frozen=True, kw_only=True)
+class _TrialBench:  # everything one trial needs; built once per search
     model: nn.Module  # the private deep copy, in train mode
     optimizer: torch.optim.Optimizer  # private SGD(lr=0): the step runs, the weights stay
     loss_fn: Callable[..., torch.Tensor]
@@ -118,8 +118,11 @@ def tune_batch_size(
         torch.cuda.init()  # so rng_state() captures (and we restore) the CUDA generators too
     saved_rng = rng_state()
     try:
-        run = _Run(*_private_copy(model, dev), loss_fn, dataset, dev, steps, warmup, repeats,
-                   _memory_limit(dev, memory_limit_bytes), max_memory_fraction)
+        private, optimizer = _private_copy(model, dev)
+        run = _TrialBench(model=private, optimizer=optimizer, loss_fn=loss_fn, dataset=dataset,
+                          device=dev, steps=steps, warmup=warmup, repeats=repeats,
+                          memory_limit=_memory_limit(dev, memory_limit_bytes),
+                          max_fraction=max_memory_fraction)
         trials, ended = _search(run, candidates, threshold, keep_effective, budget_s)
     finally:
         set_rng_state(saved_rng)
@@ -188,7 +191,7 @@ def _memory_phrase(knee: dict, best: dict) -> str:
 
 # ---------------------------------------------------------------------------------- the search
 
-def _search(run: _Run, candidates: Sequence[int] | None, threshold: float,
+def _search(run: _TrialBench, candidates: Sequence[int] | None, threshold: float,
             keep_effective: int | None, budget_s: float | None) -> tuple[list[dict], dict]:
     """Run the trials; returns them and why the search ended ({"search_ended", "detail"})."""
     deadline = None if budget_s is None else time.perf_counter() + budget_s
@@ -206,7 +209,7 @@ def _search(run: _Run, candidates: Sequence[int] | None, threshold: float,
     return trials, _sweep(run, refine, trials, None, deadline, "refine") or ended
 
 
-def _sweep(run: _Run, sizes: list[int], trials: list[dict], threshold: float | None,
+def _sweep(run: _TrialBench, sizes: list[int], trials: list[dict], threshold: float | None,
            deadline: float | None, phase: str) -> dict | None:
     """Measure ``sizes`` in order until one fails, the budget ends or (with a threshold) a size
     gains no more than ``threshold`` over the best so far. Returns why it stopped early, or None."""
@@ -226,7 +229,7 @@ def _sweep(run: _Run, sizes: list[int], trials: list[dict], threshold: float | N
     return None
 
 
-def _refine_sizes(trials: list[dict], threshold: float, run: _Run, cap: int,
+def _refine_sizes(trials: list[dict], threshold: float, run: _TrialBench, cap: int,
                   first: int = 1) -> list[int]:
     """0.75x and 1.5x the sweep's knee (between its neighbours), none below ``first``."""
     if not any(_eligible(t, run.memory_limit, run.max_fraction) for t in trials):
@@ -240,7 +243,7 @@ def _refine_sizes(trials: list[dict], threshold: float, run: _Run, cap: int,
 
 # ---------------------------------------------------------------------------------- one trial
 
-def _run_trial(run: _Run, size: int) -> dict:
+def _run_trial(run: _TrialBench, size: int) -> dict:
     """Measure one batch size; an out-of-memory error becomes a trial with status "oom"."""
     try:
         return _measure_trial(run, size)
@@ -254,7 +257,7 @@ def _run_trial(run: _Run, size: int) -> dict:
     return _trial(run, size, "oom", f"out of memory: {message}")
 
 
-def _measure_trial(run: _Run, size: int) -> dict:
+def _measure_trial(run: _TrialBench, size: int) -> dict:
     run.optimizer.zero_grad(set_to_none=True)  # every trial's peak includes allocating the grads
     memory = PeakMemory(run.device) if run.device.type == "cuda" else None
     if memory is not None:
@@ -281,7 +284,7 @@ def _allocate(dataset: Any, size: int, device: torch.device) -> tuple[torch.Tens
     return inputs.to(device), targets.to(device)
 
 
-def _train_step(run: _Run, inputs: torch.Tensor, targets: torch.Tensor) -> None:
+def _train_step(run: _TrialBench, inputs: torch.Tensor, targets: torch.Tensor) -> None:
     run.optimizer.zero_grad(set_to_none=True)
     with torch.enable_grad():
         loss = run.loss_fn(run.model(inputs), targets)
@@ -289,7 +292,7 @@ def _train_step(run: _Run, inputs: torch.Tensor, targets: torch.Tensor) -> None:
     run.optimizer.step()  # no .item(): the step never syncs the host; the Stopwatch does
 
 
-def _time_steps(run: _Run, inputs: torch.Tensor, targets: torch.Tensor) -> float:
+def _time_steps(run: _TrialBench, inputs: torch.Tensor, targets: torch.Tensor) -> float:
     """Seconds for ``run.steps`` training steps, the device synchronized at both ends."""
     watch = Stopwatch(run.device)
     watch.start()
@@ -298,7 +301,7 @@ def _time_steps(run: _Run, inputs: torch.Tensor, targets: torch.Tensor) -> float
     return watch.stop()
 
 
-def _cpu_peak_estimate(run: _Run, inputs: torch.Tensor, targets: torch.Tensor) -> int:
+def _cpu_peak_estimate(run: _TrialBench, inputs: torch.Tensor, targets: torch.Tensor) -> int:
     """Bytes of one untimed step's tensors (params, grads, batch, saved activations).
 
     Raises torch.OutOfMemoryError above ``memory_limit_bytes``: on CPU the limit plays the
@@ -328,7 +331,7 @@ def _cpu_peak_estimate(run: _Run, inputs: torch.Tensor, targets: torch.Tensor) -
     return estimate
 
 
-def _timed_trial(run: _Run, size: int, seconds: list[float], peak: int | None) -> dict:
+def _timed_trial(run: _TrialBench, size: int, seconds: list[float], peak: int | None) -> dict:
     median = statistics.median(seconds)
     if median <= 0:
         raise MeasurementError(f"batch_size={size}: {run.steps} steps took {median} s; the clock "
@@ -343,7 +346,7 @@ def _timed_trial(run: _Run, size: int, seconds: list[float], peak: int | None) -
     return _trial(run, size, "ok", timing, rate, median, peak)
 
 
-def _trial(run: _Run, size: int, status: str, reason: str, rate: float | None = None,
+def _trial(run: _TrialBench, size: int, status: str, reason: str, rate: float | None = None,
            median_s: float | None = None, peak: int | None = None) -> dict:
     step_ms = None if median_s is None else 1000 * median_s / run.steps
     return {"batch_size": size, "samples_per_s": rate, "step_ms": step_ms, "peak_mem_bytes": peak,
@@ -370,7 +373,7 @@ def _memory_limit(device: torch.device, given: int | None) -> int | None:
     return total if given is None else min(total, given)
 
 
-def _result(trials: list[dict], ended: dict, run: _Run, threshold: float,
+def _result(trials: list[dict], ended: dict, run: _TrialBench, threshold: float,
             keep_effective: int | None) -> BatchSizeResult:
     knee = pick_knee(trials, threshold, run.memory_limit, run.max_fraction)
     reason = knee.reason

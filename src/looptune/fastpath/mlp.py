@@ -35,132 +35,50 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 
 import torch
-from torch import nn
-from torch.nn import functional as F
 
-from looptune.engine.mlp_precision import choose_bf16
+from looptune.fastpath import native as native_step
+from looptune.fastpath.mlp_plan import Layer, Unsupported, plan
+from looptune.fastpath.mlp_precision import choose_bf16
+from looptune.recipe import Decision, StepConfig
 
-__all__ = ["Layer", "MLPStep", "choose_bf16", "plan"]
+__all__ = ["Layer", "MLPStep", "Unsupported", "build", "choose_bf16", "plan"]
 
 _aten = torch.ops.aten
-_RESHAPES = {"view", "reshape", "flatten"}
-_RELUS = {torch.relu, F.relu, torch.nn.functional.relu}
 
 
-class Unsupported(Exception):
-    """The model, loss or run is not one the hand-written step computes (the message says why)."""
-
-
-@dataclass
-class Layer:
-    weight: torch.Tensor  # detached views of the parameters: updated in place by the optimizer
-    bias: torch.Tensor | None
-    relu: bool
-    params: tuple[nn.Parameter, ...]
-    name: str
-    bf16: bool = False
-
-
-def plan(model: nn.Module, loss_fn) -> list[Layer]:
-    """The model as a list of layers, or :class:`Unsupported` naming what is not a layer."""
-    if isinstance(model, nn.parallel.DistributedDataParallel):
-        raise Unsupported("the model is wrapped in DDP, whose gradient all-reduce hooks into "
-                          "autograd")
-    _check_loss(loss_fn)
+def build(*, model: torch.nn.Module, loss_fn, cfg: StepConfig, batch_size: int,
+          input_dtype: torch.dtype) -> tuple[MLPStep | None, list[Decision]]:
+    """The written-out step for ``cfg.backward`` ('mlp' or 'mlp-cpp') on batches of
+    ``batch_size`` arriving in ``input_dtype`` (set up off the clock: under bf16 it times each
+    layer's matmuls both ways), with the decision saying what runs and why; ``(None, [why])``
+    when the model or loss is not one it computes (autograd runs instead)."""
+    asked = cfg.backward
     try:
-        graph = torch.fx.symbolic_trace(model).graph
-    except Exception as err:  # data-dependent control flow and the like
-        raise Unsupported(f"torch.fx could not trace the model ({type(err).__name__}: "
-                          f"{str(err)[:120]})") from err
-    modules = dict(model.named_modules())
-    layers: list[Layer] = []
-    last = None  # the node the chain ends in so far
-    sizes: set[torch.fx.Node] = set()  # x.size(0) and the like, read for a reshape
-    for node in graph.nodes:
-        if node.op == "placeholder":
-            if last is not None:
-                raise Unsupported("the model takes more than one input")
-            last = node
-            continue
-        if node.op == "output":
-            if node.args[0] is not last or not layers:
-                raise Unsupported("the model's output is not its last Linear layer's")
-            break
-        if not node.all_input_nodes or node.all_input_nodes[0] is not last:
-            raise Unsupported(f"{_describe(node, modules)} does not continue the chain of layers")
-        if node.op == "call_method" and node.target == "size" and not layers:
-            sizes.add(node)  # not part of the chain: the reshape after it uses it
-            continue
-        kind = _kind(node, modules, sizes)
-        if kind == "reshape" and not layers:
-            pass  # flattens the input: checked against the first layer's width at run time
-        elif kind == "linear":
-            mod = modules[node.target]
-            layers.append(Layer(weight=mod.weight.detach(), name=node.target, relu=False,
-                                bias=None if mod.bias is None else mod.bias.detach(),
-                                params=tuple(mod.parameters())))
-        elif kind == "relu" and layers and not layers[-1].relu and last.op == "call_module":
-            layers[-1].relu = True
-        else:
-            raise Unsupported(f"{_describe(node, modules)} is not a Linear layer, a ReLU after "
-                              "one or a reshape of the input")
-        last = node
-    owned = {id(p) for layer in layers for p in layer.params}
-    if len(owned) != sum(len(layer.params) for layer in layers):
-        raise Unsupported("a Linear layer is used twice (shared weights)")
-    if any(id(p) not in owned for p in model.parameters()):
-        raise Unsupported("the model has parameters outside its Linear layers")
-    return layers
-
-
-def _describe(node: torch.fx.Node, modules: dict[str, nn.Module]) -> str:
-    if node.op == "call_module":
-        return f"module {node.target!r} ({type(modules[node.target]).__name__})"
-    if node.op == "call_method":
-        return f"the tensor method .{node.target}()"
-    return f"{getattr(node.target, '__name__', node.target)}()"
-
-
-def _kind(node: torch.fx.Node, modules: dict[str, nn.Module],
-          sizes: set[torch.fx.Node]) -> str | None:
-    extra = [a for a in list(node.args[1:]) + list(node.kwargs.values())
-             if isinstance(a, torch.fx.Node) and not (a in sizes and node.target in _RESHAPES)]
-    if node.op == "call_module":
-        mod = modules[node.target]
-        if type(mod) is nn.Linear:
-            return "linear"
-        if type(mod) is nn.ReLU:
-            return "relu"
-        if type(mod) is nn.Flatten and mod.start_dim == 1:
-            return "reshape"
-        return None
-    if extra:  # an argument computed from another node (x.size(0) is fine for a reshape)
-        return None
-    if node.op == "call_function" and node.target in _RELUS:
-        return "relu"
-    if node.op == "call_function" and node.target is torch.flatten:
-        return "reshape"
-    if node.op == "call_method" and node.target in _RESHAPES:
-        return "reshape"
-    if node.op == "call_method" and node.target == "relu":
-        return "relu"
-    return None
-
-
-def _check_loss(loss_fn) -> None:
-    if loss_fn is F.cross_entropy:
-        return
-    if type(loss_fn) is nn.CrossEntropyLoss:
-        if (loss_fn.weight is None and loss_fn.reduction == "mean"
-                and loss_fn.label_smoothing == 0.0 and loss_fn.ignore_index == -100):
-            return
-        raise Unsupported("the CrossEntropyLoss has class weights, label smoothing, another "
-                          "reduction or ignore_index")
-    raise Unsupported(f"the loss is {getattr(loss_fn, '__name__', type(loss_fn).__name__)}, "
-                      "not cross-entropy")
+        layers = plan(model, loss_fn)
+    except Unsupported as why:
+        return None, [Decision("step.backward", "autograd", reason=(
+            f"backward={asked!r} needs a chain of Linear/ReLU layers under cross-entropy: "
+            f"{why}; stepped with autograd"))]
+    native, how = None, ""
+    if asked == "mlp-cpp":
+        native, how = native_step.load_mlp_step()
+    step = MLPStep(layers, compile=cfg.compile, native=native)
+    ran = asked if native is not None or asked == "mlp" else "mlp"
+    how = (f"; one C++ call per step (fastpath/mlp_step.cpp, {how})" if native is not None
+           else f"; run from Python instead: {how}" if how else "")
+    if cfg.precision != "bf16":
+        what = ("forward and backward written out in fp32 (the same kernels as autograd, "
+                "no per-step graph)")
+    else:
+        what = ("written out; each in bf16 only where its matmuls ran faster that way at "
+                f"batch {batch_size}, timed here: {choose_bf16(layers, batch_size, input_dtype)}")
+    warm = step.warm_up(batch_size, input_dtype)
+    warmed = (f"; its kernels created at setup ({warm * 1e3:.1f} ms, off the clock)"
+              if warm else "")
+    return step, [Decision("step.backward", ran, reason=(
+        f"{len(layers)} Linear layers under cross-entropy, {what}{how}{warmed}"))]
 
 
 class MLPStep:
@@ -171,7 +89,7 @@ class MLPStep:
     Eagerly (:class:`_InPlace`) the weight gradients are written straight into buffers that stay
     the parameters' ``.grad`` from step to step, and bf16 layers cast their weights into buffers
     of their own: no allocation per step for them, and the same values as a fresh tensor each
-    step. With ``native`` (the C++ op of engine/native.py, ``backward='mlp-cpp'``) that eager
+    step. With ``native`` (the C++ op of fastpath/native.py, ``backward='mlp-cpp'``) that eager
     step is one C++ call (:class:`_Native`). ``compile`` (a ``torch.compile`` mode, or "off")
     compiles the written-out forward and backward as one functional graph instead (no autograd
     in it: Inductor fuses the elementwise ops and the loss around the matmuls); its numerics are
@@ -303,7 +221,7 @@ class _InPlace:
 
 
 class _Native(_InPlace):
-    """:class:`_InPlace`'s step as one call of the C++ op ``native`` (engine/mlp_step.cpp,
+    """:class:`_InPlace`'s step as one call of the C++ op ``native`` (fastpath/mlp_step.cpp,
     ``backward='mlp-cpp'``): the same ATen calls on the same buffers, without Python between
     them."""
 

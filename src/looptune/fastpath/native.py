@@ -1,4 +1,4 @@
-"""The C++ step of ``step.backward='mlp-cpp'`` (engine/mlp_step.cpp): built once, loaded once.
+"""The C++ step of ``step.backward='mlp-cpp'`` (fastpath/mlp_step.cpp): built once, loaded once.
 
 The source is compiled with ``torch.utils.cpp_extension.load`` against the installed torch
 (per-operator ATen headers: ~5 s on a 2-core machine) into

@@ -1,4 +1,4 @@
-"""The adaptive thread governor (engine/threads.py): on a simulated clock whose step time
+"""The adaptive thread governor (fastpath/threads.py): on a simulated clock whose step time
 depends on the thread count set, then in a real run on a CPU."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ import os
 import pytest
 import torch
 
-from looptune.engine import threads as T
-from looptune.engine.threads import ThreadGovernor, candidates_for, governor_for
+from looptune.fastpath import threads as T
+from looptune.fastpath.threads import ThreadGovernor, candidates_for, governor_for
 
 
 class _Machine:
@@ -199,7 +199,7 @@ def test_a_run_beside_a_busy_process_moves_to_fewer_threads():
 
 
 def test_the_decision_carries_its_figures_and_benchmarks_summarize_them():
-    from looptune.engine.threads import thread_summary
+    from looptune.fastpath.threads import thread_summary
 
     m = _Machine({2: 380e-6, 1: 300e-6})  # a core taken from the start
     gov = _governor(m)

@@ -1,4 +1,4 @@
-"""The per-layer bf16 choice of the written-out MLP step (engine/mlp_precision.py), tested as a
+"""The per-layer bf16 choice of the written-out MLP step (fastpath/mlp_precision.py), tested as a
 choice: each layer's timings are planted (``_layer_costs`` faked), so the test knows the answer
 the rule must give, just above and just below its 5% threshold."""
 
@@ -8,8 +8,8 @@ import pytest
 import torch
 from torch import nn
 
-from looptune.engine import mlp, mlp_precision
-from looptune.engine.mlp_precision import WIN, choose_bf16
+from looptune.fastpath import mlp, mlp_precision
+from looptune.fastpath.mlp_precision import WIN, choose_bf16
 
 US = 1e-6
 
@@ -104,4 +104,4 @@ def test_the_steppers_decision_reports_the_planted_choice(planted):
     assert decision.value == "mlp"
     assert "fp32 200 us, bf16 100 us -> bf16" in decision.reason
     assert "fp32 50 us, bf16 49 us -> fp32" in decision.reason
-    assert [layer.bf16 for layer in step._mlp.layers] == [True, False]
+    assert [layer.bf16 for layer in step._fast.layers] == [True, False]

@@ -10,7 +10,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from looptune.bench.workloads import SimpleFeedForwardNN
-from looptune.engine import mlp
+from looptune.fastpath import mlp
 from looptune.engine.optim import build_optimizer
 from looptune.engine.step import Stepper
 from looptune.recipe import OptimConfig, StepConfig
@@ -79,7 +79,7 @@ def test_bf16_every_layer_is_autocast_bit_for_bit(monkeypatch):
     monkeypatch.setattr(mlp, "choose_bf16", lambda layers, *a: [setattr(lay, "bf16", True)
                                                                 for lay in layers] and "all")
     (a, auto), (b, hand), _ = _pair("bf16")
-    assert all(layer.bf16 for layer in hand._mlp.layers)
+    assert all(layer.bf16 for layer in hand._fast.layers)
     for x, y in _batches(6):
         assert torch.equal(auto(x, y), hand(x, y))
     assert _same_weights(a, b)
@@ -108,7 +108,7 @@ def test_bf16_choice_is_timed_per_layer_and_trains():
 def test_unsupported_models_step_with_autograd_and_say_why(model, loss_fn, needle):
     step, why = _stepper(model, "mlp", loss_fn=loss_fn)
     assert why[0].value == "autograd" and needle in why[0].reason
-    assert step._mlp is None
+    assert step._fast is None
     x, y = _batches(1)[0]
     if loss_fn is F.mse_loss:
         y = torch.randn(16, 10)
@@ -162,7 +162,7 @@ def test_a_batch_of_the_wrong_width_is_named():
 def test_compiled_written_out_step_trains_like_the_eager_one():
     (a, auto), (b, hand), _ = _pair()
     compiled, _ = _stepper(copy.deepcopy(b), "mlp")
-    compiled._mlp.mode = "default"  # as StepConfig(compile="default") sets it
+    compiled._fast.mode = "default"  # as StepConfig(compile="default") sets it
     for x, y in _batches(8):
         le, lc = hand(x, y), compiled(x, y)
         assert torch.allclose(le, lc, rtol=1e-4, atol=1e-5)
@@ -186,7 +186,7 @@ def test_a_compile_failure_falls_back_to_the_eager_written_out_step(monkeypatch)
     monkeypatch.setattr(torch, "compile", broken)
     x, y = _batches(1)[0]
     step(x, y)
-    assert step._mlp.mode == "off" and "failed, ran eagerly" in step.stats.compile_fallback
+    assert step._fast.mode == "off" and "failed, ran eagerly" in step.stats.compile_fallback
     assert step.stats.optimizer_steps == 1
 
 

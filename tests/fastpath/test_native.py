@@ -1,4 +1,4 @@
-"""backward='mlp-cpp': the written-out MLP step as one C++ call (engine/mlp_step.cpp), built at
+"""backward='mlp-cpp': the written-out MLP step as one C++ call (fastpath/mlp_step.cpp), built at
 setup; the loss and gradients bit for bit the Python step's, and without a compiler the Python
 step with the reason."""
 
@@ -9,7 +9,7 @@ import torch
 from torch.nn import functional as F
 
 from looptune.bench.workloads import SimpleFeedForwardNN
-from looptune.engine import mlp, native
+from looptune.fastpath import mlp, native
 from looptune.engine.optim import build_optimizer
 from looptune.engine.step import Stepper
 from looptune.recipe import OptimConfig, StepConfig
@@ -94,7 +94,7 @@ def test_without_a_toolchain_the_python_step_runs_and_says_why(monkeypatch):
     assert "run from Python instead" in why[0].reason and "Ninja is required" in why[0].reason
     x, y = _batches(1)[0]
     step(x, y)
-    assert step.stats.optimizer_steps == 1 and not isinstance(step._mlp.fn, mlp._Native)
+    assert step.stats.optimizer_steps == 1 and not isinstance(step._fast.fn, mlp._Native)
 
 
 def test_the_build_folder_follows_torch_and_the_source(monkeypatch, tmp_path):

@@ -1,8 +1,8 @@
-// step.backward='mlp-cpp': the written-out MLP step of engine/mlp.py (class _InPlace) as one C++
+// step.backward='mlp-cpp': the written-out MLP step of fastpath/mlp.py (class _InPlace) as one C++
 // call. The same ATen calls in the same order, with the same operand layouts and the same
 // persistent buffers, so the loss and the gradients are bit for bit the Python step's (tested);
 // what goes away is the Python interpreter and its argument parsing around each of the step's
-// ~30 operators. Built at setup by engine/native.py (torch.utils.cpp_extension), cached per
+// ~30 operators. Built at setup by fastpath/native.py (torch.utils.cpp_extension), cached per
 // torch version and source.
 //
 // step(x, y, seed, first, spec, t) -> loss

@@ -1,7 +1,7 @@
 """How each layer of ``step.backward='mlp'`` runs under ``precision='bf16'``: in bf16 or in fp32,
 whichever its own matmuls ran faster at the run's batch size, timed on this machine at setup (off
 the clock). On a CPU, oneDNN's bf16 kernels win on wide layers and lose on narrow ones (per-call
-overhead), so autocast's all-or-nothing choice costs time either way (see engine/mlp.py)."""
+overhead), so autocast's all-or-nothing choice costs time either way (see fastpath/mlp.py)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 import torch
 
 if TYPE_CHECKING:
-    from looptune.engine.mlp import Layer
+    from looptune.fastpath.mlp_plan import Layer
 
 __all__ = ["choose_bf16"]
 

@@ -8,7 +8,7 @@ import torch
 from torch.nn import functional as F
 
 from looptune.engine import optim
-from looptune.engine.direct import DirectAdam, DirectAdamW
+from looptune.fastpath.direct import DirectAdam, DirectAdamW
 from looptune.engine.optim import build_optimizer, optimizer_kind
 from looptune.recipe import OptimConfig
 
