@@ -16,14 +16,14 @@ vision:          ## the second CI job: looptune's image code against torchvision
 
 # the functions that decide a verdict, a remedy's rank or a tuner's / the engine's choice
 MUTANTS = \
-  'looptune.diagnose.verdict.x__compute_or_overhead*' 'looptune.diagnose.verdict.x__timing_bottleneck*' \
-  'looptune.diagnose.verdict.x__fallback_rule*' 'looptune.diagnose.verdict.x__rank_key*' \
-  'looptune.diagnose.verdict.x__remedy_*' 'looptune.diagnose.verdict.x_amdahl*' \
-  'looptune.diagnose.verdict.x__largest*' 'looptune.diagnose.verdict.x__remedies_*' \
-  'looptune.diagnose.batch_rule.x_batch_verdict*' 'looptune.diagnose.batch_rule.x_batch_remedy*' \
-  'looptune.diagnose.batch_rule.x_scaled_step*' \
-  'looptune.diagnose.cpu_compute.x_cpu_compute_remedies*' 'looptune.diagnose.cpu_compute.x__bounded*' \
-  'looptune.diagnose.update_rule.x__impl_remedy*' 'looptune.diagnose.update_rule.x__zero_grad_remedy*' \
+  'looptune.diagnose.rules.overhead.x_compute_or_overhead*' 'looptune.diagnose.verdict.x__timing_bottleneck*' \
+  'looptune.diagnose.rules.overhead.x__by_shares*' 'looptune.diagnose.verdict.x__rank_key*' \
+  'looptune.diagnose.rules.profile.x_amdahl_remedy*' 'looptune.diagnose.rules.profile.x_amdahl*' \
+  'looptune.diagnose.rules.profile.x_largest_phase*' 'looptune.diagnose.verdict.x__remedies_*' \
+  'looptune.diagnose.rules.batch.x_batch_verdict*' 'looptune.diagnose.rules.batch.x_batch_remedy*' \
+  'looptune.diagnose.rules.batch.x_scaled_step*' \
+  'looptune.diagnose.rules.compute.x_cpu_compute_remedies*' 'looptune.diagnose.rules.compute.x__bounded*' \
+  'looptune.diagnose.rules.update.x__impl_remedy*' 'looptune.diagnose.rules.update.x__zero_grad_remedy*' \
   'looptune.diagnose.verify.x_apply_measured*' \
   'looptune.tune.loader.x__search_workers*' 'looptune.tune.loader.x__compare*' 'looptune.tune.loader.x__gain*' \
   'looptune.tune.batch.x_pick_knee*' 'looptune.tune.batch.x__sweep*' 'looptune.tune.batch.x__refine_sizes*' \

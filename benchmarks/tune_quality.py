@@ -67,16 +67,16 @@ def _same_point(result: dict, settings: dict) -> bool:
 
 def evaluate(name: str, dataset: Dataset, model: torch.nn.Module, batches: int,
              repeats: int) -> tuple[bool, float]:
-    warm = _Search(dataset, 64, torch.device("cpu"), model, torch.nn.functional.cross_entropy,
-                   batches, 3, 1, 0.03, deadline=float("inf"))
+    warm = _Search(dataset=dataset, batch_size=64, device=torch.device("cpu"), model=model, loss_fn=torch.nn.functional.cross_entropy,
+                   batches=batches, warmup=3, repeats=1, threshold=0.03, deadline=float("inf"))
     warm.measure(num_workers=0)  # untimed: first-call costs must not land on whichever runs first
     warm.measure(num_workers=1)
     t0 = time.perf_counter()
     tuned = looptune.tune_loader(dataset, batch_size=64, model=model, device="cpu", budget_s=120,
                                  batches=batches, repeats=repeats)
     tune_s = time.perf_counter() - t0
-    search = _Search(dataset, 64, torch.device("cpu"), model, torch.nn.functional.cross_entropy,
-                     batches, 3, repeats, 0.03, deadline=float("inf"))
+    search = _Search(dataset=dataset, batch_size=64, device=torch.device("cpu"), model=model, loss_fn=torch.nn.functional.cross_entropy,
+                     batches=batches, warmup=3, repeats=repeats, threshold=0.03, deadline=float("inf"))
     t0 = time.perf_counter()
     results = [search.measure(**point) for point in grid(os.cpu_count() or 1)]
     grid_s = time.perf_counter() - t0

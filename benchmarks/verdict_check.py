@@ -44,7 +44,7 @@ import torch
 
 import looptune
 from looptune.diagnose import runner
-from looptune.diagnose.batch_rule import OVERHEAD_SHARE
+from looptune.diagnose.rules.batch import BUSY_OVERHEAD_SHARE as OVERHEAD_SHARE
 from looptune.diagnose.verify import SHORT
 
 ROOT = Path(__file__).resolve().parents[1] / "tests" / "diagnose"

@@ -31,7 +31,7 @@ device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 images, labels = mnist.load("train", data_dir=args.data)
 # like datasets.MNIST(transform=Compose([RandomAffine(10, (0.1, 0.1), (0.9, 1.1)), ToTensor(),
 # Normalize((0.1307,), (0.3081,))]))
-dataset = PerSampleImages(ImageData(images, labels, 0.1307, 0.3081, augment=RandomAffine()))
+dataset = PerSampleImages(ImageData(images=images, labels=labels, mean=0.1307, std=0.3081, augment=RandomAffine()))
 loader = DataLoader(dataset, batch_size=args.batch_size, shuffle=True, num_workers=args.workers)
 model = SmallCNN().to(device)
 criterion = nn.CrossEntropyLoss()

@@ -38,7 +38,7 @@ class SimpleFeedForwardNN(nn.Module):
 
 device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 images, labels = mnist.load("train", data_dir=args.data)
-dataset = PerSampleImages(ImageData(images, labels, 0.1307, 0.3081))  # like datasets.MNIST
+dataset = PerSampleImages(ImageData(images=images, labels=labels, mean=0.1307, std=0.3081))  # like datasets.MNIST
 loader = DataLoader(dataset, batch_size=64, shuffle=True, num_workers=args.workers,
                     pin_memory=args.pin)
 model = SimpleFeedForwardNN().to(device)

@@ -54,7 +54,7 @@ def make_image_data():
         gen = torch.Generator().manual_seed(seed)
         images = torch.randint(0, 256, (n, 28, 28), dtype=torch.uint8, generator=gen)
         labels = torch.randint(0, 10, (n,), dtype=torch.int64, generator=gen)
-        return ImageData(images, labels, 0.1307, 0.3081)
+        return ImageData(images=images, labels=labels, mean=0.1307, std=0.3081)
 
     return make
 

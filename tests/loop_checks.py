@@ -8,7 +8,8 @@ import importlib.util
 import time
 from pathlib import Path
 
-from looptune.diagnose import verdict
+from looptune.diagnose.rules.batch import BUSY_OVERHEAD_SHARE
+from looptune.diagnose.rules.overhead import COMPUTE_RATIO, HOST_OVERHEAD_SHARE, SYNC_SHARE
 
 
 def loader_vs_step_ms(script: Path, argv: list[str], batches: int = 3) -> tuple[float, float]:
@@ -36,21 +37,21 @@ def loader_vs_step_ms(script: Path, argv: list[str], batches: int = 3) -> tuple[
 
 def the_steps_own_verdict(d) -> str:
     """Where the loader is not the bottleneck, compute or overhead as the verdict's own numbers
-    decide it (diagnose/verdict.py): the share of per-step overhead against its threshold when
+    decide it (diagnose/rules/batch.py and rules/overhead.py): the share of per-step overhead against its threshold when
     the model was replayed at two batch sizes, else the FLOP rate against the matmul rate, else
     the shares of host time. A verdict that contradicts its own evidence fails."""
     ev = d.evidence
     assert ev["rule"] == d.bottleneck, ev
-    if "fixed_share" in ev:  # the CPU replay decided, at the documented 30%
-        assert ev["threshold"] == verdict.OVERHEAD_SHARE == 0.30, ev
+    if "fixed_share" in ev:  # the CPU replay decided, at its threshold
+        assert ev["threshold"] == BUSY_OVERHEAD_SHARE, ev
         over = ev["overhead_share"] >= ev["threshold"]
         assert ev["reason"].endswith(f"({'>=' if over else '<'} {ev['threshold']:.0%}: "
                                      f"{'per-step overhead' if over else 'the work itself'})")
-    elif "flops_ratio" in ev and ev.get("threshold") == verdict.COMPUTE_RATIO:
-        over = ev["flops_ratio"] < verdict.COMPUTE_RATIO
+    elif "flops_ratio" in ev and ev.get("threshold") == COMPUTE_RATIO:
+        over = ev["flops_ratio"] < COMPUTE_RATIO
     else:  # no FLOP count: the shares of syncs and host time
         assert ev["flops"] == "unknown", ev
         host = d.shares["sync"] + d.shares["other"]
-        over = host >= verdict.OVERHEAD_SHARE or (
-            ev["syncs_per_step"] >= 1 and d.shares["sync"] >= verdict.SYNC_SHARE)
+        over = host >= HOST_OVERHEAD_SHARE or (
+            ev["syncs_per_step"] >= 1 and d.shares["sync"] >= SYNC_SHARE)
     return "overhead" if over else "compute"

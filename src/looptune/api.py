@@ -176,7 +176,8 @@ def _source(train_data, recipe: Recipe, device: torch.device, seed: int, ctx: Di
                                 num_workers=cfg.num_workers, pin_memory=cfg.pin_memory,
                                 persistent_workers=cfg.persistent_workers, **extra)
     if isinstance(train_data, DataLoader):
-        return UserLoaderSource(train_data, device, recipe.loader.non_blocking, steps_per_epoch)
+        return UserLoaderSource(train_data, device=device, non_blocking=recipe.loader.non_blocking,
+                                steps_per_epoch=steps_per_epoch)
     if has_get_batch(train_data) and not isinstance(train_data, BatchedData):
         train_data = BatchedData(train_data)  # e.g. open_packed(): batches read whole, no decode
     if not isinstance(train_data, (ImageData, BatchedData)) and recipe.loader.decode == "tensorized":

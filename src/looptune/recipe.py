@@ -88,6 +88,7 @@ class Decision:
 
     name: str  # the setting decided, e.g. "pin_memory"
     value: Any  # the value chosen
+    _: dataclasses.KW_ONLY  # Decision("num_workers", 2, reason=..., evidence=...)
     reason: str  # one sentence a user can check
     evidence: Any = None  # measurements behind it, if any
 

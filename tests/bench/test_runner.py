@@ -75,7 +75,7 @@ def test_normalize_once_on_augmented_data_is_refused_before_any_recipe_trains(
     from looptune.recipe import LoaderConfig, Recipe
 
     base = make_image_data(64, seed=1)
-    augmented = ImageData(base.images, base.labels, base.mean, base.std, augment=RandomAffine())
+    augmented = ImageData(images=base.images, labels=base.labels, mean=base.mean, std=base.std, augment=RandomAffine())
     spec = dataclasses.replace(workloads.WORKLOADS["mnist-mlp"], name="tiny-aug",
                                load=lambda data_dir=None: (augmented, make_image_data(32)))
     monkeypatch.setitem(workloads.WORKLOADS, "tiny-aug", spec)

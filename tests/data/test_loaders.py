@@ -91,7 +91,7 @@ def test_normalize_once_is_refused_with_augmentation_and_off_the_device(make_ima
     from looptune.errors import ConfigError
 
     data = make_image_data(16)
-    augmented = ImageData(data.images, data.labels, data.mean, data.std,
+    augmented = ImageData(images=data.images, labels=data.labels, mean=data.mean, std=data.std,
                           augment=RandomAffine(degrees=10))
     with pytest.raises(ConfigError, match="normalize='once' with an augmented dataset"):
         make(CONFIGS["device-normalized-once"], augmented, device=CPU, seed=0)

@@ -51,7 +51,7 @@ def test_ranks_together_are_the_single_process_epoch(n, b, world, drop_last):
 
 
 def test_samplers_are_distributed_samplers_with_set_epoch_and_skip():
-    s = EpochSampler(100, seed=0, batch_size=10, drop_last=False, rank=1, world=2)
+    s = EpochSampler(n=100, seed=0, batch_size=10, drop_last=False, rank=1, world=2)
     assert isinstance(s, torch.utils.data.DistributedSampler)
     assert (s.num_replicas, s.rank) == (2, 1)
     s.set_epoch(3)
@@ -60,6 +60,6 @@ def test_samplers_are_distributed_samplers_with_set_epoch_and_skip():
                                            world=2)).tolist()
     s.set_epoch(3, skip=10)
     assert list(s) == full[10:] and len(full) == 50
-    bs = EpochBatchSampler(100, seed=0, batch_size=10, drop_last=False, rank=0, world=2)
+    bs = EpochBatchSampler(n=100, seed=0, batch_size=10, drop_last=False, rank=0, world=2)
     bs.set_epoch(3, skip=1)
     assert len(bs) == 5 and len(list(bs)) == 4

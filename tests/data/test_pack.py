@@ -422,7 +422,7 @@ def test_memmap_refuses_variable_shapes_and_points_at_lmdb(tmp_path):
 
 def test_format_module_round_trip():
     spec = fmt.FieldSpec("0", "<f4", (2,))
-    shard = fmt.ShardSpec("0", "0-00000.bin", 0, 3, 24, "ab")
+    shard = fmt.ShardSpec(field="0", file="0-00000.bin", first=0, count=3, bytes=24, sha256="ab")
     h = fmt.build_header(num_samples=3, kind="single", fields=[spec], shards=[shard])
     parsed = fmt.parse_header(fmt.header_to_text(h), "x")
     assert parsed.fields == (spec,) and parsed.shards == (shard,) and parsed.kind == "single"
@@ -444,7 +444,7 @@ def test_record_codec_round_trip_and_corruption():
 def test_variable_shape_only_allowed_in_lmdb_header():
     h = fmt.build_header(num_samples=1, kind="single",
                          fields=[fmt.FieldSpec("0", "<f4", (None,))],
-                         shards=[fmt.ShardSpec("*", "shard-00000.lmdb", 0, 1, 99, "ab")],
+                         shards=[fmt.ShardSpec(field="*", file="shard-00000.lmdb", first=0, count=1, bytes=99, sha256="ab")],
                          storage="lmdb")
     assert fmt.parse_header(fmt.header_to_text(h), "x").fields[0].shape == (None,)
     with pytest.raises(DataError, match="malformed"):
@@ -455,7 +455,7 @@ def test_variable_shape_only_allowed_in_lmdb_header():
 
 def test_header_layout_errors_are_data_errors():
     base = fmt.build_header(num_samples=3, kind="single", fields=[fmt.FieldSpec("0", "<f4", (2,))],
-                            shards=[fmt.ShardSpec("0", "0-00000.bin", 0, 3, 24, "ab")])
+                            shards=[fmt.ShardSpec(field="0", file="0-00000.bin", first=0, count=3, bytes=24, sha256="ab")])
     for bad in ({"shards": []}, {"num_samples": 4}, {"fields": [{"name": "0", "dtype": ">f4",
                                                                   "shape": [2]}]}):
         with pytest.raises(DataError, match="malformed.*Re-pack"):

@@ -54,7 +54,7 @@ def test_every_strategy_trains_like_tensors_without_per_sample_reads(packed, rec
 
 def test_train_accepts_an_open_packed_dataset_as_is(packed):
     data, ds = packed
-    raw = ImageData(data.images.float(), data.labels)  # no normalization: inputs used as they are
+    raw = ImageData(images=data.images.float(), labels=data.labels)  # no normalization: inputs used as they are
     expected = _train(raw, get_recipe("tensorized"), epochs=1)
     float_ds = torch.utils.data.TensorDataset(data.images.float(), data.labels)
     back = looptune.open_packed(looptune.pack(float_ds, ds.path.parent / "f"))
@@ -77,7 +77,7 @@ def test_packed_mnist_trains_exactly_like_tensorized(mnist_dir, tmp_path, monkey
     assert looptune.verify_packed(out) == []
     images, labels = train.tensors
     recipe = get_recipe("tensorized")
-    expected = _train(ImageData(images, labels, MNIST_MEAN, MNIST_STD), recipe, epochs=1)
+    expected = _train(ImageData(images=images, labels=labels, mean=MNIST_MEAN, std=MNIST_STD), recipe, epochs=1)
     got = _train(BatchedData(looptune.open_packed(out), MNIST_MEAN, MNIST_STD), recipe, epochs=1)
     assert got.epoch_loss == expected.epoch_loss
     assert expected.epoch_loss[0] < 0.35  # it learned (the reference's first epoch: ~0.27)

@@ -19,7 +19,7 @@ from looptune.data.mnist import load
 def test_seed_pipeline_is_the_same_with_torchvision_and_without(mnist_dir, torchvision_transforms,
                                                                 monkeypatch, aug):
     images, labels = load("train", data_dir=mnist_dir)
-    data = ImageData(images[:64], labels[:64], 0.1307, 0.3081, augment=aug)
+    data = ImageData(images=images[:64], labels=labels[:64], mean=0.1307, std=0.3081, augment=aug)
     with_tv = per_sample.PerSampleImages(data)
     assert per_sample.transform_kind()[0] == "torchvision"
     monkeypatch.setattr(per_sample, "_torchvision_transforms", lambda: (None, "forced off"))

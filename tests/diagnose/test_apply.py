@@ -11,7 +11,7 @@ import torch
 
 from looptune.diagnose.apply import (FRAMEWORK_SWITCH, framework_precision, overridden_optimizer,
                                      per_forward_autocast)
-from looptune.diagnose.cpu_compute import bf16_action
+from looptune.diagnose.rules.compute import bf16_action
 from looptune.measure.records import Measurements
 from looptune.diagnose.rules.records import Remedy
 from looptune.diagnose.verify import _how

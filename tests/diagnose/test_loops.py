@@ -8,7 +8,7 @@ import pytest
 
 import looptune
 from loop_checks import loader_vs_step_ms, the_steps_own_verdict
-from looptune.diagnose import verdict
+from looptune.diagnose.rules.loading import LOADER_SHARE
 
 LOOPS = Path(__file__).parent / "loops"
 
@@ -29,8 +29,8 @@ def test_pytorch_examples_mnist_loop(mnist_dir):
     # the bottleneck, and the verdict is the step's own
     loading, stepping = loader_vs_step_ms(LOOPS / "pytorch_examples_mnist.py",
                                           ["--data", str(mnist_dir)], batches=5)
-    assert loading / (loading + stepping) < verdict.LOADER_SHARE, (loading, stepping)
-    assert 0 < d.shares["data_wait"] < verdict.LOADER_SHARE, (d.phase_ms, d.step_s)
+    assert loading / (loading + stepping) < LOADER_SHARE, (loading, stepping)
+    assert 0 < d.shares["data_wait"] < LOADER_SHARE, (d.phase_ms, d.step_s)
     assert d.bottleneck == the_steps_own_verdict(d), d.evidence
 
 
@@ -49,9 +49,10 @@ def test_streaming_iterable_dataset_loop():
     # measured apart: decoding 64 records one by one takes longer than the small MLP's step
     loading, stepping = loader_vs_step_ms(LOOPS / "iterable_stream.py", ["--records", "20000"])
     assert loading > stepping, (loading, stepping)
-    assert d.bottleneck == "data_loading" and d.shares["data_wait"] > 0.3, d.shares
+    assert d.bottleneck == "data_loading" and d.shares["data_wait"] > LOADER_SHARE, d.shares
     assert d.evidence["rule"] == "data_loading" and d.evidence["reason"].startswith(
-        f"data_wait is {d.shares['data_wait']:.1%} of the step (>= 30% and the largest phase)")
+        f"data_wait is {d.shares['data_wait']:.1%} of the step (>= {LOADER_SHARE:.0%} and the largest "
+        "phase)")
 
 
 def test_torch_compiled_model_loop():

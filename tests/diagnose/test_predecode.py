@@ -74,8 +74,9 @@ def test_what_cannot_be_pre_decoded_is_left_as_it_is_with_the_reason(monkeypatch
 
 
 def test_gather_seconds_times_a_pre_decoded_loader_of_the_same_batch_bytes():
-    assert gather_seconds(None, 64, 1000) is None and gather_seconds(4096, None, 10) is None
-    small = gather_seconds(64 * 16, 64, 60000)
+    assert gather_seconds(batch_bytes=None, batch_size=64, samples=1000) is None
+    assert gather_seconds(batch_bytes=4096, batch_size=None, samples=10) is None
+    small = gather_seconds(batch_bytes=64 * 16, batch_size=64, samples=60000)
     assert 0 < small < 0.05
-    tiny_set = gather_seconds(64 * 16, 64, 3)  # fewer samples than batches need: 4 batches' worth
+    tiny_set = gather_seconds(batch_bytes=64 * 16, batch_size=64, samples=3)  # fewer samples than batches need: 4 batches' worth
     assert tiny_set > 0

@@ -11,6 +11,8 @@ from torch.utils.data import DataLoader
 
 import looptune
 from looptune.diagnose import verdict
+from looptune.diagnose.rules import compute, overhead
+from looptune.diagnose.rules.batch import BUSY_OVERHEAD_SHARE
 from looptune.measure.records import PHASES
 from looptune.diagnose.runner import parse_loader_action
 
@@ -31,12 +33,12 @@ def test_slow_getitem_is_data_loading():
 
 
 def test_in_memory_wide_mlp_is_compute():
-    # fixed share 0.08-0.15 here (threshold 0.3). A CI run once judged it overhead: a slow phase
+    # fixed share 0.08-0.15 here (threshold BUSY_OVERHEAD_SHARE). A CI run once judged it overhead: a slow phase
     # of the VM during the measured steps, a quiet one during the replay. The model is now timed
     # inside the steps too (test_scaling.py plants that case), so one measurement decides
     d = run("compute_heavy.py", steps=6, warmup=2)
     assert d.bottleneck == "compute", d.evidence
-    assert d.evidence["fixed_share"] < 0.3 and d.evidence["replay_module"] == "Sequential"
+    assert d.evidence["fixed_share"] < BUSY_OVERHEAD_SHARE and d.evidence["replay_module"] == "Sequential"
     assert d.evidence["flops_ratio"] > 0  # the FLOP rate is kept as context
 
 
@@ -89,7 +91,8 @@ def test_verify_reruns_with_the_loader_remedy(monkeypatch):
     # listed even when a loaded VM puts its estimate under the 5% a remedy must promise to be
     # named (seen in CI: none listed, nothing rerun)
     monkeypatch.setattr(verdict, "MIN_SPEEDUP", 1.0)
-    monkeypatch.setattr(verdict, "batch_remedy", lambda *a, **k: None)  # as large here: not this
+    for rules in (verdict, overhead):  # the batch remedy is as large here: not this one
+        monkeypatch.setattr(rules, "batch_remedy", lambda *a, **k: None)
     d = run("overlap_loader.py", steps=12, verify=True)
     v = d.verify
     assert v["remedy"] == "DataLoader(num_workers=1, persistent_workers=True)", d.remedies
@@ -105,8 +108,9 @@ def test_the_workers_bound_comes_from_one_worker_read_and_holds_when_rerun(monke
     # batch-size remedy (1.2-1.4x here, as large) is another rule's, tested on its own scripts:
     # left out so that --verify reruns this one. So is the bf16 remedy (the precision rule's,
     # tested on compute scripts): a CI run measured bf16 faster here and reran it instead
-    monkeypatch.setattr(verdict, "batch_remedy", lambda *a, **k: None)
-    monkeypatch.setattr(verdict, "cpu_compute_remedies", lambda *a, **k: [])
+    for rules in (verdict, overhead):
+        monkeypatch.setattr(rules, "batch_remedy", lambda *a, **k: None)
+    monkeypatch.setattr(compute, "cpu_compute_remedies", lambda *a, **k: [])
     # On a loaded VM the step replayed beside a busy process can measure so slow that one worker
     # would not pay, and diagnose rightly offers none; or a slow phase during the 15-step rerun
     # hides a small promise (CI: 1.14x promised, 0.99x rerun). Either way: measure once more

@@ -1,4 +1,4 @@
-"""Compute or overhead from the model replayed at B and 4B (diagnose.scaling, batch_rule), and
+"""Compute or overhead from the model replayed at B and 4B (diagnose.scaling, rules.batch), and
 --verify applying the top remedy of any kind (diagnose.verify): rules on hand-built numbers, the
 replay on real modules, and the planted scripts end to end."""
 
@@ -13,7 +13,7 @@ import pytest
 import torch
 
 import looptune
-from looptune.diagnose.batch_rule import batch_remedy, batch_verdict, scaled_step
+from looptune.diagnose.rules.batch import BUSY_OVERHEAD_SHARE, batch_remedy, batch_verdict, scaled_step
 from looptune.measure.records import BatchScaling, Environment, LoaderInfo, Measurements, StepSample
 from looptune.diagnose.rules.records import Remedy, Verdict
 from looptune.diagnose.env import busy_processes
@@ -205,7 +205,7 @@ def test_verify_judges_a_batch_remedy_by_time_to_the_same_loss_not_per_sample():
                                error=None, stopped="seconds", all_step_s=[0.036] * 12,
                                losses=[2.0 - 0.1 * i for i in range(12)], measured_from=0)
 
-    out = verify_remedy(_verdict(batch, other), before, 20, rerun)
+    out = verify_remedy(_verdict(batch, other), before=before, steps=20, rerun=rerun)
     # the same wall time as the original's measured steps
     assert seen == {"loader_overrides": {"batch_size": 256}, "autocast": None,
                     "seconds": pytest.approx(0.2)}
@@ -240,7 +240,7 @@ def test_verify_flags_a_rerun_that_stopped_learning_and_never_counts_its_speedup
                                all_step_s=[0.0066] * 90,
                                losses=[2.33 - 0.0003 * i for i in range(90)])
 
-    out = verify_remedy(_verdict(bf16, other), before, 60, stuck)
+    out = verify_remedy(_verdict(bf16, other), before=before, steps=60, rerun=stuck)
     # bf16 changes the numerics: the rerun gets the original's wall time, judged by the loss
     assert seen["seconds"] == pytest.approx(0.6)
     assert out["loss_parity"] is False and out["speedup"] is None
@@ -258,7 +258,7 @@ def test_verify_flags_a_rerun_that_stopped_learning_and_never_counts_its_speedup
                                all_step_s=[0.0066] * 90,
                                losses=[2.33 - 0.035 * i + 0.01 * (-1) ** i for i in range(90)])
 
-    out = verify_remedy(_verdict(bf16, other), before, 60, learns)
+    out = verify_remedy(_verdict(bf16, other), before=before, steps=60, rerun=learns)
     # judged by its time to the original's final loss: ~the per-step gain when the loss follows
     assert out["loss_parity"] is True and out["changes_training"] is None
     assert out["speedup"] == pytest.approx(out["time_to_loss"]["speedup"])
@@ -276,7 +276,7 @@ def test_verify_applies_the_optimizer_remedy_through_its_constructor_arguments()
         return SimpleNamespace(measurements=SimpleNamespace(loaders=[]), step_s=[0.008] * 5,
                                error=None, stopped="steps", applied=0)
 
-    out = verify_remedy(_verdict(fused), _before(), 5, rerun)
+    out = verify_remedy(_verdict(fused), before=_before(), steps=5, rerun=rerun)
     assert seen["optimizer"] == ("AdamW", {"foreach": None, "fused": True})
     # no AdamW was built through the patched constructor: nothing to compare
     assert out["applied"] is False and out["speedup"] is None and "never used" in out["reason"]
@@ -299,12 +299,12 @@ def test_verify_applies_bf16_and_says_when_the_top_remedy_cannot_be_applied():
                                error=None, stopped="seconds", applied=25, losses=losses,
                                all_step_s=[0.008] * 25, measured_from=0)
 
-    out = verify_remedy(_verdict(compiled, bf16), before, 20, rerun)
+    out = verify_remedy(_verdict(compiled, bf16), before=before, steps=20, rerun=rerun)
     assert out["autocast"] == "bf16" and out["speedup"] == pytest.approx(1.25)
     assert out["per_step_speedup"] == pytest.approx(1.25) and out["loss_parity"] is True
     assert not out["top"] and "cannot be applied from outside" in out["note"]
     assert "short" not in out and 1.25 >= SHORT * 1.3
-    nothing = verify_remedy(_verdict(compiled), before, 20, rerun)
+    nothing = verify_remedy(_verdict(compiled), before=before, steps=20, rerun=rerun)
     assert nothing["remedy"] is None and "this diagnosis has compile" in nothing["reason"]
 
 
@@ -333,14 +333,14 @@ def test_verify_pre_decodes_a_small_dataset_and_skips_one_too_slow_to_read_once(
         predecode._cache[1] = (object(), object())  # a dataset the rerun pre-decoded
         return rerun(**kw)
 
-    out = verify_remedy(verdict, small, 5, rerun_that_decodes)
+    out = verify_remedy(verdict, before=small, steps=5, rerun=rerun_that_decodes)
     assert not predecode._cache  # released once the rerun is over
     assert seen[-1] == {"looptune_predecode": True} and out["kind"] == "tensorized"
     assert out["applied"] and out["speedup"] == pytest.approx(2.5)
     # 1,000,000 samples: ~125 s, too long: the next remedy that can be applied is rerun
     big = SimpleNamespace(measurements=SimpleNamespace(loaders=[SimpleNamespace(
         batch_size=64, samples=1_000_000)]), step_s=[0.01] * 5)
-    out = verify_remedy(verdict, big, 5, rerun)
+    out = verify_remedy(verdict, before=big, steps=5, rerun=rerun)
     assert out["kind"] == "loader" and not out["top"]
     assert "reading its 1000000 samples once would take ~125 s (more than 20 s" in out["note"]
 
@@ -358,7 +358,7 @@ def test_verify_pins_the_math_attention_kernel_when_the_bf16_remedy_does():
         return SimpleNamespace(measurements=SimpleNamespace(loaders=[]), step_s=[0.0055] * 5,
                                error=None, stopped="steps")
 
-    out = verify_remedy(_verdict(bf16), _before(), 5, rerun)
+    out = verify_remedy(_verdict(bf16), before=_before(), steps=5, rerun=rerun)
     assert seen["autocast"] == out["autocast"] == "bf16+math-sdpa"
 
 
@@ -447,7 +447,7 @@ def test_a_slow_phase_during_the_script_only_leaves_a_compute_step_compute(monke
         d = looptune.diagnose(str(SCRIPTS / "compute_heavy.py"), steps=20, warmup=3)
     e = d.evidence
     assert e["in_step_ms"] > e["replay_small_ms"]  # the slow phase, seen in the steps
-    assert d.bottleneck == "compute" and e["fixed_share"] < 0.3, e
+    assert d.bottleneck == "compute" and e["fixed_share"] < BUSY_OVERHEAD_SHARE, e
 
 
 def test_on_a_plateau_bf16_is_judged_per_step_and_a_batch_is_not_judged():
@@ -465,7 +465,7 @@ def test_on_a_plateau_bf16_is_judged_per_step_and_a_batch_is_not_judged():
                                all_step_s=[0.008] * 50,
                                losses=[2.29 + 0.01 * (-1) ** i for i in range(50)])
 
-    out = verify_remedy(_verdict(bf16), before, 40, rerun)
+    out = verify_remedy(_verdict(bf16), before=before, steps=40, rerun=rerun)
     assert out["speedup"] == pytest.approx(1.25) and out["loss_parity"] is True
     assert out["judged_by"].startswith("per step: the original's loss did not fall")
     batch = Remedy(action="batch_size 64 -> 256 (fewer, larger steps)", expected_speedup=2.0,
@@ -478,7 +478,7 @@ def test_on_a_plateau_bf16_is_judged_per_step_and_a_batch_is_not_judged():
                                losses=[2.29 + 0.01 * (-1) ** i for i in range(20)],
                                measured_from=0)
 
-    out = verify_remedy(_verdict(batch), before, 40, bigger)
+    out = verify_remedy(_verdict(batch), before=before, steps=40, rerun=bigger)
     assert out["speedup"] is None and out["per_sample_speedup"] == pytest.approx(2.0)
     assert out["reason"].startswith("not judged: the original's loss did not fall")
     assert out["changes_training"] is None
@@ -498,7 +498,7 @@ def test_bf16_that_does_not_reach_the_loss_in_the_same_time_is_judged_per_step()
                                error=None, stopped="seconds", applied=16, measured_from=0,
                                all_step_s=[0.0125] * 16, losses=before.losses[:16])
 
-    out = verify_remedy(_verdict(bf16), before, 20, slower)
+    out = verify_remedy(_verdict(bf16), before=before, steps=20, rerun=slower)
     assert out["time_to_loss"]["speedup"] is None and out["changes_training"] is None
     assert out["speedup"] == pytest.approx(0.8) and out["judged_by"].startswith("per step")
     assert out["loss_parity"] is True
@@ -508,22 +508,22 @@ def test_bf16_that_does_not_reach_the_loss_in_the_same_time_is_judged_per_step()
 
 
 def test_batch_verdict_at_exactly_the_threshold_is_overhead(monkeypatch):
-    # killed mutants (make mutation): ">=" -> ">" at OVERHEAD_SHARE, and the update's sentence
+    # killed mutants (make mutation): ">=" -> ">" at BUSY_OVERHEAD_SHARE, and the update's sentence
     # shown without an update ("and" -> "or", "> 0" -> ">= 0") survived every test
-    from looptune.diagnose import batch_rule
+    from looptune.diagnose.rules import batch
 
     linear = BatchScaling(batch=64, factor=4, module="Net", small_s=0.008, large_s=0.032)
-    at = batch_rule.ScaledStep(factor=4, step_s=11.0, large_s=35.0, busy_s=10.0,
+    at = batch.ScaledStep(factor=4, step_s=11.0, large_s=35.0, busy_s=10.0,
                                busy_large_s=31.0, replayed_s=9.0)  # (40 - 31) / 30 = 0.3
-    assert at.overhead_share == batch_rule.OVERHEAD_SHARE
-    monkeypatch.setattr(batch_rule, "scaled_step", lambda m, p, u=0.0: at)
+    assert at.overhead_share == BUSY_OVERHEAD_SHARE
+    monkeypatch.setattr(batch, "scaled_step", lambda m, p, u=0.0: at)
     name, ev = batch_verdict(_m(linear), PHASE)
-    assert name == "overhead" and "(>= 30%: per-step overhead)" in ev["reason"]
+    assert name == "overhead" and f"(>= {BUSY_OVERHEAD_SHARE:.0%}: per-step overhead)" in ev["reason"]
     assert "optimizer update" not in ev["reason"]  # no update measured: no update sentence
     below = dataclasses.replace(at, busy_large_s=31.0 + 1e-9)
-    monkeypatch.setattr(batch_rule, "scaled_step", lambda m, p, u=0.0: below)
+    monkeypatch.setattr(batch, "scaled_step", lambda m, p, u=0.0: below)
     assert batch_verdict(_m(linear), PHASE)[0] == "compute"
     with_update = dataclasses.replace(at, update_s=1.0)  # 10% of the busy time is the update
-    monkeypatch.setattr(batch_rule, "scaled_step", lambda m, p, u=0.0: with_update)
+    monkeypatch.setattr(batch, "scaled_step", lambda m, p, u=0.0: with_update)
     name, ev = batch_verdict(_m(linear), PHASE)
     assert name == "compute" and "optimizer update streaming the parameters takes" in ev["reason"]

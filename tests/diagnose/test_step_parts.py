@@ -1,5 +1,5 @@
 """The step's parts and the optimizer remedy end to end on planted scripts, and loss parity on a
-run that stops learning (diagnose.runner, update_replay, update_rule, verify, apply)."""
+run that stops learning (diagnose.runner, update_replay, rules.update, verify, apply)."""
 
 from __future__ import annotations
 
@@ -91,7 +91,7 @@ def test_verify_of_bf16_reports_loss_parity_next_to_its_speedup(monkeypatch):
     # avx512_bf16 offers none, rightly); what this guards is the rerun of one. Where the rule
     # offered none, the verdict gets the action it would write, so the rerun always happens.
     from looptune.diagnose import runner
-    from looptune.diagnose.cpu_compute import bf16_action
+    from looptune.diagnose.rules.compute import bf16_action
     from looptune.diagnose.rules.records import Remedy
 
     def analyze(m):

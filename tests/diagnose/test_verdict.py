@@ -13,7 +13,12 @@ import pytest
 
 from looptune.measure.records import PHASES, BatchScaling, Environment, LoaderInfo, Measurements, StepSample, WorkerRead
 from looptune.diagnose.rules.records import Verdict
-from looptune.diagnose.verdict import PER_SAMPLE_DISCOUNT, amdahl, analyze, render_breakdown
+from looptune.diagnose.rules.batch import FALLBACK_FIXED_REMOVED
+from looptune.diagnose.rules.compute import BF16_CPU_FALLBACK_SAVED, BF16_GPU_SAVED, FUSABLE_FRACTION
+from looptune.diagnose.rules.loading import BATCHED_AUG_REMOVED, PINNED_HIDDEN, PREDECODED_REMOVED
+from looptune.diagnose.rules.overhead import COMPUTE_RATIO
+from looptune.diagnose.verdict import (
+    MIN_SPEEDUP, PER_SAMPLE_DISCOUNT, amdahl, analyze, render_breakdown)
 from looptune.errors import MeasurementError
 
 GiB, MiB = 2**30, 2**20
@@ -55,7 +60,7 @@ def _assert_ranked(v: Verdict) -> None:
     ranked = [r for r in v.remedies if r.kind != "memory"]
     keys = [r.expected_speedup / PER_SAMPLE_DISCOUNT.get(r.kind, 1) for r in ranked]
     assert keys == sorted(keys, reverse=True)
-    assert all(r.expected_speedup >= 1.05 for r in ranked)
+    assert all(r.expected_speedup >= MIN_SPEEDUP for r in ranked)
 
 
 # --- bottlenecks ---------------------------------------------------------------------------------
@@ -71,7 +76,7 @@ def test_62_percent_data_wait_is_data_loading_with_amdahl_bounds():
     assert v.evidence["speedup_if_removed"] == 2.63
     assert "62.0%" in v.evidence["reason"]
     tensorized = _by_kind(v, "tensorized")[0]
-    assert tensorized.expected_speedup == round(1 / (1 - 0.62 * 0.9), 2) == 2.26
+    assert tensorized.expected_speedup == round(1 / (1 - 0.62 * PREDECODED_REMOVED), 2) == 2.26
     # 4 cores, the step on 4 threads: K busy workers leave it 4 - K cores (its rest x 4/(4-K));
     # K=1: max(62, 38 x 4/3) = 62 ms beats K=2: max(31, 76) and K=3: max(20.7, 152)
     workers = _by_kind(v, "loader")[0]
@@ -94,7 +99,7 @@ def test_a_random_per_sample_transform_gets_batched_device_augmentation_not_pre_
     (batched,) = _by_kind(v, "tensorized")
     assert "augment whole batches on the device" in batched.action
     assert "pre-decode" not in batched.action and "read twice differed" in batched.reason
-    assert batched.expected_speedup == round(1 / (1 - 0.62 * 0.85), 2)
+    assert batched.expected_speedup == round(1 / (1 - 0.62 * BATCHED_AUG_REMOVED), 2)
     plain = analyze(_m(_steps(9, step_s=0.1, data_wait_s=0.062),
                        loaders=[_loader(num_workers=0, random_per_sample=False)], env=_cpu(cores=4)))
     assert "pre-decode" in _by_kind(plain, "tensorized")[0].action
@@ -120,7 +125,7 @@ def test_h2d_dominated_cuda_steps_with_pageable_bytes():
     assert "4.0 MiB" in next(f.message for f in v.findings if f.name == "pageable_h2d")
     pin = _by_kind(v, "transfer")[0]
     assert pin.action == "DataLoader(pin_memory=True) and .to(device, non_blocking=True)"
-    assert pin.expected_speedup == round(1 / (1 - 0.5 * 0.7), 2)
+    assert pin.expected_speedup == round(1 / (1 - 0.5 * PINNED_HIDDEN), 2)
     assert _by_kind(v, "device_resident")[0].expected_speedup == 2.5  # copies + wait go: 1/0.4
     assert _by_kind(v, "loader")[0].action == (
         "DataLoader(num_workers=1, persistent_workers=True, pin_memory=True)")
@@ -169,7 +174,7 @@ def test_tiny_batch_with_an_item_per_step_on_cpu_is_overhead():
     v = analyze(_m(steps, loaders=[_loader(batch_size=32)], env=_cpu(cores=4),
                    flops_per_step=1e6, matmul_flops_per_s=1e11))
     assert v.bottleneck == "overhead"
-    assert v.evidence["flops_ratio"] < 0.35
+    assert v.evidence["flops_ratio"] < COMPUTE_RATIO
     assert v.evidence["achieved_flops_per_s"] == pytest.approx(1e6 / 0.009)
     assert v.evidence["matmul_flops_per_s"] == 1e11
     assert "tiny_batch" in _names(v)
@@ -178,7 +183,7 @@ def test_tiny_batch_with_an_item_per_step_on_cpu_is_overhead():
     batch = _by_kind(v, "batch")[0]
     assert batch.action.startswith("batch_size 32 -> 128")
     o = 0.9 * (1 - (1e6 / 1e11) / 0.009)  # busy share x the part the arithmetic doesn't need
-    assert batch.expected_speedup == round(1 / (1 - o * 0.75), 2)
+    assert batch.expected_speedup == round(1 / (1 - o * FALLBACK_FIXED_REMOVED), 2)
     assert not _by_kind(v, "compile")  # torch.compile / CUDA graphs: CUDA only
     _assert_ranked(v)
 
@@ -194,7 +199,7 @@ def test_step_near_the_matmul_rate_is_compute_on_cuda():
     assert v.shares["compute"] == 0.95 and v.shares["other"] == 0.03
     precision = _by_kind(v, "precision")[0]
     assert "torch.bfloat16" in precision.action
-    assert precision.expected_speedup == round(1 / (1 - 0.95 * 0.5), 2)
+    assert precision.expected_speedup == round(1 / (1 - 0.95 * BF16_GPU_SAVED), 2)
     assert "tf32_off" not in _names(v)
 
 
@@ -207,7 +212,7 @@ def test_compute_bound_cpu_remedies_are_bounded_by_the_measured_rates():
     assert precision.expected_speedup == round(50 / (50 - 20 * (1 - 1e11 / 2.5e11)), 2)  # 1.32
     assert "250 GFLOP/s vs fp32 100" in precision.reason and "sdpa_kernel" not in precision.action
     (compile_,) = _by_kind(v, "compile")
-    assert compile_.expected_speedup == round(50 / (50 - 30 * 0.2), 2)  # 1.14
+    assert compile_.expected_speedup == round(50 / (50 - 30 * FUSABLE_FRACTION), 2)  # 1.14
     assert "torch.compile" in compile_.action and "30.000 ms" in compile_.reason
     assert v.remedies == [precision, compile_]  # ranked by the bound
 
@@ -229,7 +234,8 @@ def test_cpu_without_a_faster_bf16_matmul_gets_no_bf16_remedy():
 def test_compute_bound_cpu_without_rates_gets_a_cautious_bf16_remedy():
     v = analyze(_m(_steps(step_s=0.050), env=_cpu(), flops_per_step=2e9))
     (precision,) = v.remedies
-    assert "AMX" in precision.action and precision.expected_speedup == 1.25  # 1/(1 - 1.0 x 0.2)
+    assert "AMX" in precision.action and precision.expected_speedup == round(
+        1 / (1 - 1.0 * BF16_CPU_FALLBACK_SAVED), 2) == 1.25
 
 
 def test_unknown_flops_fall_back_to_shares():

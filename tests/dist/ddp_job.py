@@ -93,8 +93,8 @@ def main() -> int:
     device = torch.device("cpu")
     ctx = context.init(device, timeout_s=args.timeout)
     gen = torch.Generator().manual_seed(0)
-    data = ImageData(torch.randint(0, 256, (args.samples, 28, 28), dtype=torch.uint8, generator=gen),
-                     torch.randint(0, 10, (args.samples,), generator=gen), 0.1307, 0.3081)
+    data = ImageData(images=torch.randint(0, 256, (args.samples, 28, 28), dtype=torch.uint8, generator=gen),
+                     labels=torch.randint(0, 10, (args.samples,), generator=gen), mean=0.1307, std=0.3081)
     recipe = get_recipe(args.recipe)
     recipe = dataclasses.replace(
         recipe, loader=dataclasses.replace(recipe.loader, batch_size=args.batch,

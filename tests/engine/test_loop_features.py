@@ -23,7 +23,7 @@ def separable(n=512, seed=0) -> ImageData:
     """Labels given by a fixed linear rule: a small MLP learns it to ~100%."""
     x = torch.randn(n, 10, generator=torch.Generator().manual_seed(seed))
     w = torch.randn(10, 3, generator=torch.Generator().manual_seed(123))  # one rule for all splits
-    return ImageData(x, (x @ w).argmax(dim=1))
+    return ImageData(images=x, labels=(x @ w).argmax(dim=1))
 
 
 def mlp(seed=0):
@@ -63,7 +63,7 @@ def test_nonfinite_loss_names_epoch_batch_and_samples(loss_sync):
     images[77] = float("nan")
     recipe = dataclasses.replace(DEVICE, loss_sync=loss_sync)
     with pytest.raises(NonFiniteLoss) as info:
-        looptune.train(mlp(), ImageData(images, data.labels), recipe=recipe, loss_fn=CE,
+        looptune.train(mlp(), ImageData(images=images, labels=data.labels), recipe=recipe, loss_fn=CE,
                        device="cpu", epochs=2)
     text = str(info.value)
     assert "epoch 0" in text and "77" in text and "Lower the learning rate" in text

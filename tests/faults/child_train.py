@@ -50,7 +50,7 @@ def recipe(variant: str) -> Recipe:
 def data(n: int = 512) -> ImageData:
     x = torch.randn(n, 10, generator=torch.Generator().manual_seed(0))
     w = torch.randn(10, 3, generator=torch.Generator().manual_seed(123))
-    return ImageData(x, (x @ w).argmax(dim=1))
+    return ImageData(images=x, labels=(x @ w).argmax(dim=1))
 
 
 def model() -> torch.nn.Module:

@@ -326,7 +326,7 @@ def test_pack_gpt_token_windows_and_train_fast_from_them(corpus, tmp_path):
     assert got.metric_name == "val_loss" and got.higher_is_better is False
     assert 0 < got.metric < LN_VOCAB and got.optimizer_steps == math.ceil(len(x) / 32)
     assert got.config["step"]["precision"] == "bf16"
-    expected = run(ImageData(x.contiguous(), y.contiguous()))  # the same windows as tensors
+    expected = run(ImageData(images=x.contiguous(), labels=y.contiguous()))  # the same windows as tensors
     assert got.epoch_loss == expected.epoch_loss and got.metric == expected.metric
 
 

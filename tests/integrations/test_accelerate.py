@@ -9,7 +9,7 @@ import pytest
 
 import looptune
 from loop_checks import loader_vs_step_ms, the_steps_own_verdict
-from looptune.diagnose import verdict
+from looptune.diagnose.rules.loading import LOADER_SHARE
 
 LOOPS = Path(__file__).parents[1] / "diagnose" / "loops"
 
@@ -24,8 +24,8 @@ def test_diagnose_runs_an_unchanged_accelerate_loop():
     # measured apart: encoding 32 short lines takes a fraction of the step; the loader is not
     # the bottleneck, and between compute and overhead the verdict's own numbers decide
     loading, stepping = loader_vs_step_ms(LOOPS / "accelerate_loop.py", ["--samples", "2048"])
-    assert loading / (loading + stepping) < verdict.LOADER_SHARE, (loading, stepping)
-    assert d.shares["data_wait"] < verdict.LOADER_SHARE, d.shares
+    assert loading / (loading + stepping) < LOADER_SHARE, (loading, stepping)
+    assert d.shares["data_wait"] < LOADER_SHARE, d.shares
     assert d.bottleneck == the_steps_own_verdict(d), d.evidence
 
 

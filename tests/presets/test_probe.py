@@ -11,7 +11,7 @@ from torch import nn
 from looptune.presets import probe as probe_mod
 from looptune.presets.probe import Candidate, cache_path, probe, probed_settings
 
-CANDIDATES = [Candidate("fused", "fp32", None), Candidate("fused", "fp32", 1)]
+CANDIDATES = [Candidate(impl="fused", precision="fp32", threads=None), Candidate(impl="fused", precision="fp32", threads=1)]
 
 
 @pytest.fixture(autouse=True)
@@ -72,7 +72,7 @@ def test_another_torch_version_or_batch_size_is_probed_again(monkeypatch):
 
 
 def test_a_candidate_within_the_noise_does_not_replace_the_plain_one(monkeypatch):
-    same = [Candidate("fused", "fp32", None), Candidate("foreach", "fp32", None)]
+    same = [Candidate(impl="fused", precision="fp32", threads=None), Candidate(impl="foreach", precision="fp32", threads=None)]
     monkeypatch.setattr(probe_mod, "_measure", lambda c, *a: {c[0].name: 1.0, c[1].name: 0.98})
     result = probe(**{**_kwargs(device=torch.device("cpu")), "candidates": same})
     assert result.chosen == same[0]  # 2% faster: under the 3% a change must win by
@@ -108,7 +108,7 @@ def test_the_fast_preset_takes_the_probed_settings_with_the_evidence(monkeypatch
     from looptune.presets import get_recipe
     from looptune.presets import mnist
 
-    pick = Candidate("fused", "bf16", 1)
+    pick = Candidate(impl="fused", precision="bf16", threads=1)
     monkeypatch.setattr(mnist, "cpu_step_settings", lambda b, c=None: (pick, f"planted at batch {b}"))
     fast = get_recipe("fast", "cpu")
     assert (fast.step.precision, fast.optim.impl, fast.cpu_threads) == ("bf16", "fused", 1)
@@ -138,8 +138,8 @@ def test_an_unknown_looptune_probe_value_is_refused_naming_it(monkeypatch):
 # ``_measure`` faked: each candidate's seconds per step are planted, so the test knows the
 # answer, just above and just below the 3% a candidate must win by.
 
-FOUR = [Candidate("direct", "fp32", None), Candidate("direct", "fp32", 1),
-        Candidate("direct", "bf16", None), Candidate("fused", "fp32", None, "mlp")]
+FOUR = [Candidate(impl="direct", precision="fp32", threads=None), Candidate(impl="direct", precision="fp32", threads=1),
+        Candidate(impl="direct", precision="bf16", threads=None), Candidate(impl="fused", precision="fp32", threads=None, backward="mlp")]
 
 
 def _plant(monkeypatch, seconds):
@@ -196,4 +196,4 @@ def test_the_fast_preset_is_built_from_the_probes_choice(monkeypatch, seconds, w
     assert chosen == want
     assert fast.loader.store == ("float32" if want[1] == "fp32" else "autocast")
     (why,) = [d for d in fast.reasons if d.name == "optim.impl/precision/cpu_threads"]
-    assert why.value == Candidate(*want).name and "the fastest step at batch 64" in why.reason
+    assert why.value == Candidate(**dict(zip(('impl', 'precision', 'threads', 'backward'), want))).name and "the fastest step at batch 64" in why.reason

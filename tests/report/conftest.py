@@ -99,10 +99,10 @@ def loader_dict() -> dict:
                "reason": ""},
               {"num_workers": 0, "batched": False, "samples_per_s": 4000.0, "status": "ok",
                "reason": ""}]
-    decisions = [Decision("num_workers", 0, "0 workers: 9,068 samples/s; 1 gave -44.8%",
+    decisions = [Decision("num_workers", 0, reason="0 workers: 9,068 samples/s; 1 gave -44.8%",
                           evidence=trials[:2]),
-                 Decision("pin_memory", False, "no GPU"),
-                 Decision("batched", True, "per-sample: -56%; below the threshold")]
+                 Decision("pin_memory", False, reason="no GPU"),
+                 Decision("batched", True, reason="per-sample: -56%; below the threshold")]
     return LoaderTuneResult(recommended={"num_workers": 0}, decisions=decisions, trials=trials,
                             line="DataLoader(dataset, batch_size=64, shuffle=True, num_workers=0)",
                             elapsed_s=12.5, end_to_end=True, batch_size=64).to_dict()
@@ -119,15 +119,15 @@ def batch_dict() -> dict:
     evidence = {"trials": trials, "search_ended": "oom", "detail": "1024: oom",
                 "memory_limit_bytes": 2**26, "max_memory_fraction": 0.9, "device": "cpu",
                 "peak_mem_kind": "cpu_tensor_estimate"}
-    decisions = [Decision("batch_size", 256, "256: 179,750 samples/s, the best", evidence)]
+    decisions = [Decision("batch_size", 256, reason="256: 179,750 samples/s, the best", evidence=evidence)]
     return BatchSizeResult(decisions=decisions, recommended={"batch_size": 256},
                            trials=trials).to_dict()
 
 
 def pack_dict() -> dict:
-    rates = [LoadRate("original", "DataLoader(files)", 1000, [0.11, 0.1, 0.12], 4e5, 256),
-             LoadRate("packed, per sample", "DataLoader(packed)", 1000, [0.02] * 3, 4e5, 256),
-             LoadRate("packed, whole batches", "get_batch", 1000, [0.002] * 3, 4e5, 256)]
+    rates = [LoadRate(name="original", how="DataLoader(files)", samples=1000, seconds=[0.11, 0.1, 0.12], bytes_per_batch=4e5, samples_per_batch=256),
+             LoadRate(name="packed, per sample", how="DataLoader(packed)", samples=1000, seconds=[0.02] * 3, bytes_per_batch=4e5, samples_per_batch=256),
+             LoadRate(name="packed, whole batches", how="get_batch", samples=1000, seconds=[0.002] * 3, bytes_per_batch=4e5, samples_per_batch=256)]
     return PackBench(packed="t.pack", storage="memmap", batch_size=256, workers=0, batches=4,
                      repeats=3, rates=rates, provenance=PROVENANCE).to_dict()
 

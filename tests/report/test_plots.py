@@ -13,7 +13,7 @@ from looptune.report import plots
 
 
 def _bars(n: int) -> list[plots.Bar]:
-    return [plots.Bar(f"recipe-number-{i}", 10.0 / (i + 1), f"{i + 1:.2f}x") for i in range(n)]
+    return [plots.Bar(label=f"recipe-number-{i}", value=10.0 / (i + 1), note=f"{i + 1:.2f}x") for i in range(n)]
 
 
 def test_bar_chart_is_a_png_sized_by_its_number_of_bars(png_size):
@@ -26,7 +26,7 @@ def test_bar_chart_is_a_png_sized_by_its_number_of_bars(png_size):
 
 
 def test_line_chart_has_the_fixed_size(png_size):
-    data = plots.lines([plots.Series("a", [1, 2, 3], [3.0, 2.0, 1.0])], title="t", xlabel="x",
+    data = plots.lines([plots.Series(label="a", x=[1, 2, 3], y=[3.0, 2.0, 1.0])], title="t", xlabel="x",
                        ylabel="y")
     assert png_size(data) == (plots.WIDTH_PX, int(plots.LINE_HEIGHT_IN * plots.DPI))
 
@@ -76,7 +76,7 @@ def test_ten_recipes_labels_and_notes_do_not_overlap():
 
 
 def test_legend_sits_outside_the_axes():
-    fig = plots.lines_figure([plots.Series(f"s{i}", [1, 2], [i, i + 1]) for i in range(10)],
+    fig = plots.lines_figure([plots.Series(label=f"s{i}", x=[1, 2], y=[i, i + 1]) for i in range(10)],
                              title="t", xlabel="x", ylabel="y")
     fig.canvas.draw()
     renderer = fig.canvas.get_renderer()

@@ -195,7 +195,7 @@ def test_cli_tune_batch_size_needs_a_model(tmp_path):
 
 
 def test_prefetch_and_persistent_workers_are_measured_choices_once_workers_are_used():
-    search = tl._Search(cheap(1024), 64, torch.device("cpu"), None, None, batches=4, warmup=1,
+    search = tl._Search(dataset=cheap(1024), batch_size=64, device=torch.device("cpu"), model=None, loss_fn=None, batches=4, warmup=1,
                         repeats=1, threshold=0.03, deadline=float("inf"))
     settings = {"num_workers": 1}
     prefetch = tl._choose_prefetch(search, settings)

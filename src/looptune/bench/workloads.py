@@ -64,9 +64,10 @@ class Workload:
 def _load_mnist(*, data_dir: str | None = None) -> tuple[ImageData, ImageData]:
     from looptune.data import mnist
 
-    train = ImageData(*mnist.load("train", data_dir=data_dir), MNIST_MEAN, MNIST_STD)
-    test = ImageData(*mnist.load("test", data_dir=data_dir), MNIST_MEAN, MNIST_STD)
-    return train, test
+    (train_x, train_y), (test_x, test_y) = (mnist.load(split, data_dir=data_dir)
+                                            for split in ("train", "test"))
+    return (ImageData(images=train_x, labels=train_y, mean=MNIST_MEAN, std=MNIST_STD),
+            ImageData(images=test_x, labels=test_y, mean=MNIST_MEAN, std=MNIST_STD))
 
 
 def mnist_train() -> torch.utils.data.TensorDataset:
@@ -100,10 +101,10 @@ def _load_text(*, data_dir: str | None = None, corpus: str = "pystdlib", context
     for which, tokens in (("train", train_tokens), ("val", val_tokens)):
         text.check_context(context, len(tokens), which)
     per_sample = functools.partial(_token_windows_dataset, train_tokens.numpy(), context)
-    train = ImageData(*(t.contiguous() for t in text.token_windows(train_tokens, context)),
-                      per_sample=per_sample)
-    val = ImageData(*(t.contiguous() for t in text.token_windows(val_tokens, context)))
-    return train, val
+    (train_x, train_y), (val_x, val_y) = ((x.contiguous(), y.contiguous()) for x, y in (
+        text.token_windows(train_tokens, context), text.token_windows(val_tokens, context)))
+    return (ImageData(images=train_x, labels=train_y, per_sample=per_sample),
+            ImageData(images=val_x, labels=val_y))
 
 
 @functools.lru_cache(maxsize=4)

@@ -23,7 +23,7 @@ __all__ = ["Batch", "BatchAugment", "BatchSource", "BatchedData", "ImageData", "
 Batch = tuple[torch.Tensor, torch.Tensor]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class ImageData:
     """Inputs and targets held as tensors (first dimension = samples): images, token windows,
     any fixed-shape samples.
@@ -98,7 +98,7 @@ class BatchedData:
     def materialize(self) -> ImageData:
         """Everything in memory as tensors: one ``get_batch`` over all indices."""
         x, y = self._read(torch.arange(len(self)))
-        return ImageData(x, y, self.mean, self.std)
+        return ImageData(images=x, labels=y, mean=self.mean, std=self.std)
 
     def _read(self, index: torch.Tensor) -> Batch:
         got = self.dataset.get_batch(index)  # type: ignore[attr-defined]

@@ -92,7 +92,7 @@ class TensorBatches(Dataset):
 class LoaderSource:
     """The ``dataloader`` strategy: a torch DataLoader in host memory, one copy per step."""
 
-    def __init__(self, cfg: LoaderConfig, data: ImageData | Dataset, device: torch.device,
+    def __init__(self, *, cfg: LoaderConfig, data: ImageData | Dataset, device: torch.device,
                  seed: int, rank: int = 0, world: int = 1):
         self.cfg, self.device, self.n, self.seed = cfg, device, len(data), seed
         self.rank, self.world = rank, world
@@ -149,10 +149,12 @@ def _build_dataloader(cfg: LoaderConfig, data: ImageData | Dataset, seed: int, r
         per_sample = data.dataset if isinstance(data, BatchedData) else data
         if isinstance(data, ImageData):
             per_sample = per_sample_dataset(data)
-        sampler = EpochSampler(len(data), seed, cfg.batch_size, cfg.drop_last, rank, world)
+        sampler = EpochSampler(n=len(data), seed=seed, batch_size=cfg.batch_size,
+                               drop_last=cfg.drop_last, rank=rank, world=world)
         return DataLoader(Traced(per_sample, cfg.num_workers), batch_size=cfg.batch_size,
                           sampler=sampler, drop_last=cfg.drop_last, **common)
-    batches = EpochBatchSampler(len(data), seed, cfg.batch_size, cfg.drop_last, rank, world)
+    batches = EpochBatchSampler(n=len(data), seed=seed, batch_size=cfg.batch_size,
+                                drop_last=cfg.drop_last, rank=rank, world=world)
     # batch_size=None: each sampler item (an index tensor) is one already-batched __getitem__ call
     return DataLoader(Traced(TensorBatches(data), cfg.num_workers), batch_size=None,
                       sampler=batches, **common)
@@ -161,8 +163,8 @@ def _build_dataloader(cfg: LoaderConfig, data: ImageData | Dataset, seed: int, r
 class DeviceSource:
     """The ``device`` strategy: the uint8 dataset resident on the device, shuffled there per epoch."""
 
-    def __init__(self, cfg: LoaderConfig, data: ImageData | BatchedData, device: torch.device,
-                 seed: int, rank: int = 0, world: int = 1):
+    def __init__(self, *, cfg: LoaderConfig, data: ImageData | BatchedData,
+                 device: torch.device, seed: int, rank: int = 0, world: int = 1):
         self.cfg, self.seed, self.mean, self.std = cfg, seed, data.mean, data.std
         self.augment = getattr(data, "augment", None)
         self.rank, self.world, self.device = rank, world, device
@@ -244,5 +246,5 @@ def make(cfg: LoaderConfig, data: ImageData | BatchedData, *, device: torch.devi
     if cfg.strategy == "prefetch":
         return PrefetchSource(cfg, data, device=device, seed=seed, rank=rank, world=world)
     if cfg.strategy == "device":
-        return DeviceSource(cfg, data, device, seed, rank, world)
-    return LoaderSource(cfg, data, device, seed, rank, world)
+        return DeviceSource(cfg=cfg, data=data, device=device, seed=seed, rank=rank, world=world)
+    return LoaderSource(cfg=cfg, data=data, device=device, seed=seed, rank=rank, world=world)

@@ -61,7 +61,7 @@ class EpochSampler(DistributedSampler):
     order is the global per-epoch permutation shared by every strategy.
     """
 
-    def __init__(self, n: int, seed: int, batch_size: int, drop_last: bool, rank: int = 0,
+    def __init__(self, *, n: int, seed: int, batch_size: int, drop_last: bool, rank: int = 0,
                  world: int = 1) -> None:
         super().__init__(range(n), num_replicas=world, rank=rank, shuffle=True, seed=seed,
                          drop_last=drop_last)

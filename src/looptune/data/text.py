@@ -47,7 +47,7 @@ def bits_per_byte(loss: float) -> float:
     return loss / math.log(2.0)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Corpus:
     """The bytes a model trains on, with enough provenance to say exactly which bytes they were."""
 
@@ -60,14 +60,15 @@ class Corpus:
     @classmethod
     def of(cls, name: str, source: str, data: bytes) -> Corpus:
         """A corpus of ``data``, its hash and length computed here so they cannot disagree."""
-        return cls(name, source, data, hashlib.sha256(data).hexdigest(), len(data))
+        return cls(name=name, source=source, data=data, sha256=hashlib.sha256(data).hexdigest(),
+                   num_bytes=len(data))
 
     def tokens(self) -> torch.Tensor:
         """The corpus as a fresh 1-D uint8 tensor (one token per byte; the caller may modify it)."""
         return torch.from_numpy(np.frombuffer(self.data, dtype=np.uint8).copy())
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class RemoteCorpus:
     """A corpus fetched from the web once, then found on disk and verified on every load."""
 

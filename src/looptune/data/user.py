@@ -97,7 +97,7 @@ def tensorize(dataset: Dataset) -> ImageData:
     if not inputs:
         raise ConfigError(f"{type(dataset).__name__} is empty: there is nothing to train on.")
     try:
-        return ImageData(torch.stack(inputs), torch.stack(targets))
+        return ImageData(images=torch.stack(inputs), labels=torch.stack(targets))
     except RuntimeError as err:
         raise ConfigError(f"the samples of {type(dataset).__name__} cannot be stacked into one "
                           f"tensor ({err}); use strategy='dataloader' with decode='per_sample', "
@@ -111,7 +111,7 @@ class UserLoaderSource:
     make an epoch; each epoch iterates the stream anew and stops there (or where it ends).
     """
 
-    def __init__(self, loader: DataLoader, device: torch.device, non_blocking: bool,
+    def __init__(self, loader: DataLoader, *, device: torch.device, non_blocking: bool,
                  steps_per_epoch: int | None = None) -> None:
         self.loader, self.device, self.non_blocking = loader, device, non_blocking
         self.steps = steps_per_epoch

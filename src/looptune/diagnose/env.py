@@ -18,7 +18,7 @@ __all__ = ["alloc_retries", "busy_processes", "cpu_capacity", "environment", "ma
            "memory_limit"]
 
 
-def matmul_rate(device: torch.device, n: int = 1024, reps: int = 5,
+def matmul_rate(device: torch.device, *, n: int = 1024, reps: int = 5,
                 threads: int | None = None, dtype: torch.dtype = torch.float32) -> float:
     """FLOP/s of an n x n matmul (fp32 unless ``dtype``) on ``device``, measured (best of
     ``reps``, after a warm-up).

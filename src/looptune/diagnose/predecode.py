@@ -128,7 +128,7 @@ def _bytes(sample: Any) -> int:
 GATHER_BYTES = 256 * 2**20  # the most the gather measurement allocates
 
 
-def gather_seconds(batch_bytes: int | None, batch_size: int | None, samples: int | None,
+def gather_seconds(*, batch_bytes: int | None, batch_size: int | None, samples: int | None,
                    rounds: int = 30) -> float | None:
     """Seconds per batch a shuffled DataLoader over a :class:`PreDecoded` dataset like the
     script's takes: rows of ``batch_bytes / batch_size`` bytes, ``samples`` of them (at most
@@ -140,7 +140,7 @@ def gather_seconds(batch_bytes: int | None, batch_size: int | None, samples: int
         return None
     row = max(1, -(-batch_bytes // (4 * batch_size)))  # float32 elements per sample
     n = max(4 * batch_size, min(samples or 0, GATHER_BYTES // (4 * row)))
-    data = ImageData(torch.zeros(n, row), torch.zeros(n, dtype=torch.long))
+    data = ImageData(images=torch.zeros(n, row), labels=torch.zeros(n, dtype=torch.long))
     loader = DataLoader(PreDecoded(data, "synthetic"), batch_size=batch_size, shuffle=True,
                         collate_fn=gathered, generator=torch.Generator().manual_seed(0))
     times: list[float] = []

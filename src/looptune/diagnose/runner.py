@@ -28,7 +28,7 @@ from looptune.diagnose.predecode import gather_seconds
 from looptune.diagnose.result import MAX_WARMUP_STEPS, Diagnosis
 from looptune.diagnose.apply import framework_precision, overridden_optimizer, per_forward_autocast
 from looptune.diagnose.scaling import measure_scaling, time_model_in_step, with_in_step
-from looptune.diagnose.schedule import UNBOUNDED, Schedule
+from looptune.diagnose.window import UNBOUNDED, MeasurementWindow
 from looptune.diagnose.update_replay import described_update, measure_update
 from looptune.diagnose.script import (
     Seen,
@@ -89,8 +89,11 @@ def _blocked(folder: Path) -> bool:
     return parent is None or not parent.is_dir() or not os.access(parent, os.W_OK)
 
 
-@dataclass
-class _Run:
+@dataclass(kw_only=True)
+class _ScriptRun:
+    """What one run of the script gave: its measurements and how it went (diagnose() turns it
+    into a Diagnosis; --verify compares reruns with it)."""
+
     measurements: Measurements
     stopped: str
     error: str | None
@@ -113,9 +116,10 @@ class _Run:
 def _run_once(target, args, *, module, steps, warmup, seconds, trace_dir,
               loader_overrides: dict[str, Any] | None = None, autocast: str | None = None,
               framework: str | None = None, optimizer: tuple[str, dict] | None = None,
-              scale: bool = True, first_step_timeout: float | None = None) -> _Run:
+              scale: bool = True, first_step_timeout: float | None = None) -> _ScriptRun:
     device = torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
-    schedule = Schedule(warmup, steps, seconds, trace_dir, device)
+    schedule = MeasurementWindow(warmup=warmup, steps=steps, seconds=seconds,
+                                 trace_dir=trace_dir, device=device)
     # a rank of a distributed job: also time its waits on the other ranks (CPU/gloo only)
     waits = RankWaits(enabled=device.type == "cpu" and launched_rank()[1] > 1)
 
@@ -174,8 +178,8 @@ def _run_once(target, args, *, module, steps, warmup, seconds, trace_dir,
         update = (measure_update(probes.optimizer, device) if scale and probes.samples
                   else described_update(probes.optimizer))
         probes.optimizer = None  # the script's model and optimizer are not kept past the run
-    seen = Seen(time.perf_counter() - t0, probes.drawn, len(probes.loaders), schedule.stopped,
-                 exit_code)
+    seen = Seen(elapsed_s=time.perf_counter() - t0, batches=probes.drawn,
+                loaders=len(probes.loaders), stopped=schedule.stopped, exit_code=exit_code)
     return _collect(schedule, probes, error=error, oom=oom, device=device, waits=waits.per_step,
                     threads=threads[0] if threads else None, seen=seen, scaling=scaling,
                     worker_read=read, gather_s=gather, update=update, applied=applied[0])
@@ -211,7 +215,8 @@ def _gather_s(probes: StepProbes) -> float | None:
         samples = len(parts.get("dataset"))  # type: ignore[arg-type]
     except TypeError:  # a stream: as many as a few batches
         samples = None
-    return gather_seconds(info.batch_bytes, info.batch_size, samples)
+    return gather_seconds(batch_bytes=info.batch_bytes, batch_size=info.batch_size,
+                          samples=samples)
 
 
 def _worker_read(probes: StepProbes) -> WorkerRead:
@@ -223,11 +228,11 @@ def _worker_read(probes: StepProbes) -> WorkerRead:
 
 
 
-def _collect(schedule: Schedule, probes: StepProbes, *, error, oom, device,
+def _collect(schedule: MeasurementWindow, probes: StepProbes, *, error, oom, device,
              waits: list[float] | None = None, threads: int | None = None,
              seen: Seen | None = None, scaling: BatchScaling | None = None,
              worker_read: WorkerRead | None = None, gather_s: float | None = None,
-             update: UpdateReplay | None = None, applied: int = 0) -> _Run:
+             update: UpdateReplay | None = None, applied: int = 0) -> _ScriptRun:
     samples = probes.samples
     if not samples and probes.gave_up:
         raise MeasurementError(
@@ -263,15 +268,17 @@ def _collect(schedule: Schedule, probes: StepProbes, *, error, oom, device,
         framework=probes.framework)
     wait_s = None if waits is None or len(waits) != len(samples) else waits[window]
     before = samples[:window.start][-MAX_WARMUP_STEPS:]
-    return _Run(measurements, schedule.stopped, error, [s.step_s for s in measured], mem.kind,
-                schedule.trace, len(samples), wait_s, [s.data_wait_s for s in measured],
-                [s.step_s for s in before], 0 if seen is None else seen.exit_code,
-                probes.signal or "optimizer.step", losses=probes.losses(),
-                all_step_s=[s.step_s for s in samples], measured_from=window.start,
-                applied=applied)
+    return _ScriptRun(
+        measurements=measurements, stopped=schedule.stopped, error=error,
+        step_s=[s.step_s for s in measured], peak_kind=mem.kind, trace=schedule.trace,
+        total_steps=len(samples), wait_s=wait_s, data_wait_s=[s.data_wait_s for s in measured],
+        warmup_step_s=[s.step_s for s in before],
+        exit_code=0 if seen is None else seen.exit_code,
+        step_signal=probes.signal or "optimizer.step", losses=probes.losses(),
+        all_step_s=[s.step_s for s in samples], measured_from=window.start, applied=applied)
 
 
-def _measured(n: int, schedule: Schedule) -> slice:
+def _measured(n: int, schedule: MeasurementWindow) -> slice:
     """Which of the ``n`` samples are measured; if the script ended early, the best it allows."""
     if schedule.first_measured is not None and n > schedule.first_measured:
         first = schedule.first_measured
@@ -348,13 +355,14 @@ def diagnose(target: str | Callable, args: Sequence[str] | str = (), *, module: 
                              steps=steps if seconds is None else UNBOUNDED, warmup=warmup,
                              seconds=limit_s if seconds is None else seconds, trace_dir=None,
                              scale=False, first_step_timeout=first_step_timeout, **remedy)
-        checked = verify_remedy(verdict, run, steps, rerun,
+        checked = verify_remedy(verdict, before=run, steps=steps, rerun=rerun,
                                 prefer=None if isinstance(verify, bool) else verify)
         verdict = dataclasses.replace(verdict, remedies=apply_measured(verdict.remedies, checked))
-    return _diagnosis(target, args, module, steps, run, verdict, checked)
+    return _diagnosis(target=target, args=args, module=module, steps=steps, run=run,
+                      verdict=verdict, checked=checked)
 
 
-def _diagnosis(target, args, module, steps, run: _Run, verdict, checked) -> Diagnosis:
+def _diagnosis(*, target, args, module, steps, run: _ScriptRun, verdict, checked) -> Diagnosis:
     m = run.measurements
     name = f"-m {target}" if module else getattr(target, "__name__", str(target))
     device = torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
@@ -409,7 +417,8 @@ class watch:
 
     def __enter__(self) -> Self:
         device = torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
-        self._schedule = Schedule(self.warmup, self.steps or UNBOUNDED, None, None, device)
+        self._schedule = MeasurementWindow(warmup=self.warmup, steps=self.steps or UNBOUNDED,
+                                           seconds=None, trace_dir=None, device=device)
         self._probes = StepProbes(on_step=self._schedule.on_step,
                                   on_restart=self._schedule.restart).__enter__()
         time_model_in_step(self._schedule, self._probes)
@@ -431,6 +440,7 @@ class watch:
         gather = _gather_s(self._probes) if self._probes.loaders else None
         run = _collect(self._schedule, self._probes, error=error, oom=False, device=device,
                        scaling=scaling, worker_read=read, gather_s=gather)
-        self.diagnosis = _diagnosis(self.label, (), False, self.steps or UNBOUNDED, run,
-                                    analyze(run.measurements), None)
+        self.diagnosis = _diagnosis(target=self.label, args=(), module=False,
+                                    steps=self.steps or UNBOUNDED, run=run,
+                                    verdict=analyze(run.measurements), checked=None)
         return stopped  # any other exception propagates, after the diagnosis was taken

@@ -75,7 +75,7 @@ def _forget_user_modules(before: set[str]) -> None:
             del sys.modules[name]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Seen:
     """How the script's run went, for the report and for "it never stepped"."""
 

@@ -87,7 +87,7 @@ def _how(remedy: Remedy, batch: int | None, decode_s: float | None = None
     return None
 
 
-def verify_remedy(verdict: Verdict, before: Any, steps: int, rerun: Callable[..., Any],
+def verify_remedy(verdict: Verdict, *, before: Any, steps: int, rerun: Callable[..., Any],
                   prefer: str | None = None) -> dict[str, Any]:
     """Rerun with the top applicable remedy (with ``prefer``, the highest-ranked applicable one of
     that kind); ``rerun(loader_overrides=, autocast=, framework=, optimizer=, seconds=)`` runs the

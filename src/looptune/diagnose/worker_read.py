@@ -50,7 +50,7 @@ def _copy(parts: dict[str, Any], settings: dict[str, Any]) -> DataLoader:
     return DataLoader(ds, batch_size=None, sampler=parts["sampler"], **common)
 
 
-def measure_worker_read(parts: dict[str, Any] | None, budget_s: float = BUDGET_S,
+def measure_worker_read(parts: dict[str, Any] | None, *, budget_s: float = BUDGET_S,
                         start_timeout_s: float = START_TIMEOUT_S,
                         in_process: bool = False) -> WorkerRead:
     """Time one worker reading the loader described by ``parts``

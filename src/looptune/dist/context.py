@@ -26,7 +26,7 @@ __all__ = ["DEFAULT_TIMEOUT_S", "DistContext", "current", "env_world_size", "ini
 DEFAULT_TIMEOUT_S = 300.0  # a collective waiting longer than this fails the job (a rank hung/died)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class DistContext:
     """One rank's place in the job; ``world_size == 1`` is a plain single process."""
 

@@ -79,7 +79,7 @@ def _pos_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value >= 1
 
 
-@dataclass
+@dataclass(kw_only=True)
 class RunState:
     """Progress of a run; everything needed to resume it exactly."""
 

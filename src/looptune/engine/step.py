@@ -26,7 +26,7 @@ __all__ = ["StepStats", "Stepper", "attention_kernel", "autocast", "direct_backw
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
 
-@dataclass
+@dataclass(kw_only=True)
 class StepStats:
     """What the step measured about itself (all host-side counters, no syncs)."""
 

@@ -21,7 +21,7 @@ _RESHAPES = {"view", "reshape", "flatten"}
 _RELUS = {torch.relu, F.relu, torch.nn.functional.relu}
 
 
-@dataclass
+@dataclass(kw_only=True)
 class Layer:
     weight: torch.Tensor  # detached views of the parameters: updated in place by the optimizer
     bias: torch.Tensor | None

@@ -58,7 +58,7 @@ def candidates_for(cores: int) -> list[int]:
     return sorted({cores, max(1, cores // 2), 1}, reverse=True)
 
 
-@dataclass
+@dataclass(kw_only=True)
 class ThreadGovernor:
     """Call :meth:`tick` after every training step and :meth:`new_window` whenever the clock was
     paused (evaluation, checkpoints); :meth:`decision` summarizes what it measured and did."""

@@ -41,7 +41,7 @@ ROUNDS = 5  # rounds per op; the fastest is kept (the floor is what the machine 
 STATE_TENSORS = {"adam": 2, "adamw": 2, "sgd": 1}
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class OpTime:
     """One distinct FLOP-counted op of the step, timed alone."""
 
@@ -58,7 +58,7 @@ class OpTime:
         return self.flops / self.seconds / 1e9 if self.seconds > 0 else 0.0
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Floor:
     """The measured floor of one training step at ``batch_size`` (seconds per step)."""
 

@@ -15,11 +15,11 @@ __all__ = ["RECIPES", "DEFAULT_BENCH"]
 
 # the step settings fast chooses between on a CPU, timed on this machine (presets/probe.py);
 # the first is the plain choice, kept unless another is >= 3% faster
-CPU_CANDIDATES = [Candidate("direct", "fp32", None), Candidate("direct", "fp32", 1),
-                  Candidate("direct", "bf16", None), Candidate("fused", "fp32", None),
-                  Candidate("direct", "fp32", None, "mlp"), Candidate("direct", "bf16", None, "mlp"),
-                  Candidate("direct", "fp32", None, "mlp-cpp"),
-                  Candidate("direct", "bf16", None, "mlp-cpp")]
+CPU_CANDIDATES = [Candidate(impl="direct", precision="fp32", threads=None), Candidate(impl="direct", precision="fp32", threads=1),
+                  Candidate(impl="direct", precision="bf16", threads=None), Candidate(impl="fused", precision="fp32", threads=None),
+                  Candidate(impl="direct", precision="fp32", threads=None, backward="mlp"), Candidate(impl="direct", precision="bf16", threads=None, backward="mlp"),
+                  Candidate(impl="direct", precision="fp32", threads=None, backward="mlp-cpp"),
+                  Candidate(impl="direct", precision="bf16", threads=None, backward="mlp-cpp")]
 
 
 def _mlp_batch(n: int, device):
@@ -35,9 +35,9 @@ def _mlp_batch(n: int, device):
 
 
 TTA_BATCH = 768  # tta's batch size (see its reasons)
-TTA_CANDIDATES = [Candidate("direct", "fp32", None), Candidate("direct", "bf16", None),
-                  Candidate("direct", "fp32", 1), Candidate("direct", "bf16", None, "mlp"),
-                  Candidate("direct", "bf16", None, "mlp-cpp")]
+TTA_CANDIDATES = [Candidate(impl="direct", precision="fp32", threads=None), Candidate(impl="direct", precision="bf16", threads=None),
+                  Candidate(impl="direct", precision="fp32", threads=1), Candidate(impl="direct", precision="bf16", threads=None, backward="mlp"),
+                  Candidate(impl="direct", precision="bf16", threads=None, backward="mlp-cpp")]
 
 
 def cpu_step_settings(batch_size: int, candidates: list[Candidate] = CPU_CANDIDATES
@@ -79,7 +79,7 @@ def _fast(device_type: str) -> Recipe:
         Decision("loss_sync", "epoch", reason="loss summed on the device: no host sync per step"),
     ]
     if device_type == "cuda":
-        chosen = Candidate("fused", "fp32", None)
+        chosen = Candidate(impl="fused", precision="fp32", threads=None)
         reasons += [
             Decision("optim.impl", "fused", reason=(
                 "one kernel launch updates all parameters instead of ~10 per parameter")),
@@ -129,7 +129,7 @@ def _tta(device_type: str) -> Recipe:
             "normalized to float32 once at setup: no per-step conversion (see fast)")),
     )
     if device_type == "cuda":
-        chosen = Candidate("fused", "fp32", None)
+        chosen = Candidate(impl="fused", precision="fp32", threads=None)
         reasons += (Decision("optim.impl", "fused", reason="one kernel launch per update"),)
     else:
         chosen, evidence = cpu_step_settings(TTA_BATCH, TTA_CANDIDATES)

@@ -39,7 +39,7 @@ _MODES = ("", "1", "on", "yes", "true", "0", "off", "no", "false", "refresh")  #
 WIN = 0.03  # a candidate replaces the first (the plain choice) only when >= 3% faster
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Candidate:
     """One setting of the step to time: optimizer kernels, autocast dtype, intra-op threads."""
 
@@ -55,7 +55,7 @@ class Candidate:
         return f"{self.impl} {self.precision} {threads}{mlp}"
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class ProbeResult:
     """Seconds per step of each candidate (median of the rounds) and the one chosen."""
 
@@ -120,7 +120,7 @@ def probe(*, workload: str, batch_size: int, candidates: list[Candidate],
     hit = entries.get(entry_key)
     if hit and not refresh:
         chosen = Candidate(**hit["chosen"])
-        return ProbeResult(key, hit["seconds"], chosen, hit["measured_at"], cached=True)
+        return ProbeResult(key=key, seconds=hit["seconds"], chosen=chosen, measured_at=hit["measured_at"], cached=True)
     seconds = _measure(candidates, build_model, loss_fn, make_batch, batch_size, device)
     first = candidates[0]
     best = min(candidates, key=lambda c: seconds[c.name])
@@ -128,7 +128,7 @@ def probe(*, workload: str, batch_size: int, candidates: list[Candidate],
     stamp = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     entries[entry_key] = {"seconds": seconds, "chosen": chosen.__dict__, "measured_at": stamp}
     _write_cache(entries)
-    return ProbeResult(key, seconds, chosen, stamp, cached=False)
+    return ProbeResult(key=key, seconds=seconds, chosen=chosen, measured_at=stamp, cached=False)
 
 
 def probed_settings(*, workload: str, batch_size: int, candidates: list[Candidate],
@@ -171,7 +171,7 @@ def cached_probe(**kwargs: Any) -> ProbeResult | None:
     hit = _read_cache().get(_entry_key(key, kwargs["candidates"]))
     if not hit:
         return None
-    return ProbeResult(key, hit["seconds"], Candidate(**hit["chosen"]), hit["measured_at"], True)
+    return ProbeResult(key=key, seconds=hit["seconds"], chosen=Candidate(**hit["chosen"]), measured_at=hit["measured_at"], cached=True)
 
 
 def _entry_key(key: str, candidates: list[Candidate]) -> str:

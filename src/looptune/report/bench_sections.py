@@ -41,15 +41,15 @@ def _summary(results: BenchResults) -> Section:
     headline = (f"fastest: {runs[best].recipe}, {speedups[best]:.2f}x {base.recipe}'s training "
                 f"time ({runs[best].s_per_epoch:.3f} vs {base.s_per_epoch:.3f} s/epoch)"
                 if len(runs) > 1 else f"{base.recipe}: {base.s_per_epoch:.3f} s/epoch")
-    bars = [plots.Bar(r.recipe, r.s_per_epoch, f"{r.s_per_epoch:.3g} s  ({s:.2f}x)")
+    bars = [plots.Bar(label=r.recipe, value=r.s_per_epoch, note=f"{r.s_per_epoch:.3g} s  ({s:.2f}x)")
             for r, s in zip(runs, speedups)]
     png = plots.hbars(bars, title="Training time per epoch (shorter is faster)",
                       xlabel="seconds per epoch (training only; evaluation and setup excluded)")
     names = columns(results)
     table = Table(names, bench_rows(results), right=set(range(1, len(names))))
-    figure = Figure("s_per_epoch.png", "seconds per epoch per recipe, with speedups",
-                    f"Seconds per epoch of training; the label gives the speedup against the first "
-                    f"recipe, {base.recipe} (its training time / the recipe's).", png)
+    figure = Figure(name="s_per_epoch.png", alt="seconds per epoch per recipe, with speedups",
+                    caption=f"Seconds per epoch of training; the label gives the speedup against the first "
+                    f"recipe, {base.recipe} (its training time / the recipe's).", png=png)
     return Section("Results", [Callout(headline), table, figure, Bullets(bench_notes(results))])
 
 
@@ -65,8 +65,8 @@ def _breakdown(results: BenchResults) -> Section:
                "that and the total, so the rest of each step (host-to-device transfer, compute, "
                "overhead) is one segment here; looptune diagnose splits a step into all its "
                "phases.")
-    return Section("Step-time breakdown", [Figure("breakdown.png", "data wait and the rest of "
-                                                  "each epoch per recipe", caption, png)])
+    return Section("Step-time breakdown", [Figure(name="breakdown.png", alt="data wait and the rest of "
+                                                  "each epoch per recipe", caption=caption, png=png)])
 
 
 def _loss(results: BenchResults) -> Section | None:
@@ -76,13 +76,13 @@ def _loss(results: BenchResults) -> Section | None:
     groups: dict[tuple[float, ...], list[RunResult]] = {}
     for r in runs:  # recipes that train the same model bit for bit: one line, named for all
         groups.setdefault(tuple(float(f"{x:.6g}") for x in r.epoch_loss), []).append(r)
-    series = [plots.Series(_same(g), list(range(1, len(g[0].epoch_loss) + 1)), g[0].epoch_loss)
+    series = [plots.Series(label=_same(g), x=list(range(1, len(g[0].epoch_loss) + 1)), y=g[0].epoch_loss)
               for g in groups.values()]
     png = plots.lines(series, title="Training loss per epoch", xlabel="epoch",
                       ylabel="mean batch loss (training)", integer_x=True)
     caption = ("Mean of the batch losses over each epoch. Recipes with the same losses to 6 "
                "significant digits (same seed, order and arithmetic) share one line.")
-    return Section("Loss", [Figure("loss.png", "training loss per epoch per recipe", caption, png)])
+    return Section("Loss", [Figure(name="loss.png", alt="training loss per epoch per recipe", caption=caption, png=png)])
 
 
 def _same(group: list[RunResult]) -> str:
@@ -104,7 +104,8 @@ def _accuracy(results: BenchResults) -> Section | None:
     xs = [x for s in series for x in s.x if x > 0]
     log = 10 if xs and max(xs) / min(xs) > 20 else None
     if log:
-        series = [plots.Series(s.label, *_positive(s.x, s.y), s.marks) for s in series]
+        series = [plots.Series(label=s.label, x=x, y=y, marks=s.marks)
+                  for s in series for x, y in [_positive(s.x, s.y)]]
     hlines = ([(scale * target, f"target {spec.format_target(target)}")]
               if target is not None else [])
     what, ylabel, heading, png_name = _metric_words(spec.name, spec.fraction)
@@ -116,8 +117,8 @@ def _accuracy(results: BenchResults) -> Section | None:
                + (f"A star marks the first evaluation at or {direction} the target. "
                   if target is not None else ""))
     return Section(f"{heading} against training time",
-                   [Figure(png_name, f"{what} over training time per recipe", caption.strip(),
-                           png)])
+                   [Figure(name=png_name, alt=f"{what} over training time per recipe", caption=caption.strip(),
+                           png=png)])
 
 
 def _metric_words(name: str, fraction: bool) -> tuple[str, str, str, str]:
@@ -138,7 +139,7 @@ def _accuracy_series(run: RunResult, scale: float = 100) -> plots.Series:
         hit = next((e for e in run.evals if e["train_s"] >= run.time_to_target_s - 1e-9), None)
         if hit is not None:
             marks.append((hit["train_s"], scale * _value(hit), ""))
-    return plots.Series(run.recipe, xs, ys, marks)
+    return plots.Series(label=run.recipe, x=xs, y=ys, marks=marks)
 
 
 def _value(entry: dict[str, Any]) -> float:
@@ -175,4 +176,4 @@ def _ranks(results: BenchResults) -> Section | None:
                   right={1, 2, 3, 4, 5})
     caption = (f"{results.world_size} ranks ({results.backend}), each training on its share of "
                "every global batch; the job's time is the slowest rank's.")
-    return Section("Ranks", [Figure("ranks.png", "per-rank time per step", caption, png), table])
+    return Section("Ranks", [Figure(name="ranks.png", alt="per-rank time per step", caption=caption, png=png), table])

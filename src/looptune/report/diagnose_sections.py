@@ -89,23 +89,23 @@ def _breakdown_figure(d: Diagnosis, files: str) -> Figure:
     png = plots.stacked_hbars(["median step"], segments, title="Where a step's time goes",
                               xlabel="ms per optimizer step (median of each phase)",
                               notes=[f"{d.step_ms:.2f} ms/step"])
-    return Figure(f"{files}breakdown.png", "median step split into phases",
-                  "Each phase's median over the measured steps (the medians need not add up "
-                  "exactly to the median step).", png)
+    return Figure(name=f"{files}breakdown.png", alt="median step split into phases",
+                  caption="Each phase's median over the measured steps (the medians need not add up "
+                  "exactly to the median step).", png=png)
 
 
 def _steps(d: Diagnosis, prefix: str, files: str) -> Section:
     before = [1000 * s for s in d.warmup_step_s]
     first = len(before) + 1
     xs = list(range(first, first + len(d.step_s)))
-    series = [plots.Series("step time", [*range(1, first), *xs],
-                           [*before, *(1000 * s for s in d.step_s)])]
+    series = [plots.Series(label="step time", x=[*range(1, first), *xs],
+                           y=[*before, *(1000 * s for s in d.step_s)])]
     areas = []
     if d.data_wait_step_s and len(d.data_wait_step_s) == len(d.step_s):
-        areas.append(plots.Series("of which data wait", xs, [1000 * w for w in d.data_wait_step_s]))
+        areas.append(plots.Series(label="of which data wait", x=xs, y=[1000 * w for w in d.data_wait_step_s]))
     if d.wait_s and len(d.wait_s) == len(d.step_s):  # a rank: blocked on the others
-        areas.append(plots.Series("of which waiting for other ranks", xs,
-                                  [1000 * w for w in d.wait_s]))
+        areas.append(plots.Series(label="of which waiting for other ranks", x=xs,
+                                  y=[1000 * w for w in d.wait_s]))
     spans = [(0.5, first - 0.5, "warm-up (not measured)")] if before else []
     # start-up steps can be 10-100x the steady state: cut the axis so the measured steps show
     top = 1.25 * max(1000 * max(d.step_s, default=0.0), 2 * d.step_ms)
@@ -113,7 +113,7 @@ def _steps(d: Diagnosis, prefix: str, files: str) -> Section:
                       ylabel="ms per step", hlines=[(d.step_ms, f"median {d.step_ms:.2f} ms")],
                       spans=spans, areas=areas, integer_x=True, yunit=" ms",
                       ymax=top if max(before, default=0.0) > top else None)
-    figure = Figure(f"{files}steps.png", "time of every optimizer step", _stalls(d), png)
+    figure = Figure(name=f"{files}steps.png", alt="time of every optimizer step", caption=_stalls(d), png=png)
     return Section(f"{prefix}Step times", [figure])
 
 
@@ -137,7 +137,7 @@ def _remedies(d: Diagnosis, prefix: str, files: str) -> Section:
     rows = [[str(i), r.action, f"up to {r.expected_speedup:.2f}x" + (
         "" if r.measured_speedup is None else f", measured {r.measured_speedup:.2f}x"), r.reason]
             for i, r in enumerate(d.remedies, 1)]
-    bars = [plots.Bar(r.action, r.expected_speedup, f"up to {r.expected_speedup:.2f}x")
+    bars = [plots.Bar(label=r.action, value=r.expected_speedup, note=f"up to {r.expected_speedup:.2f}x")
             for r in d.remedies]
     png = plots.hbars(bars, title="Remedies, largest expected gain first", base=1.0,
                       xlabel="expected whole-step speedup, upper bound (x; 1 = no gain)")
@@ -145,8 +145,8 @@ def _remedies(d: Diagnosis, prefix: str, files: str) -> Section:
                "remedy removed its phase's time as stated.")
     return Section(f"{prefix}Remedies", [Table(["#", "remedy", "expected gain", "why"], rows,
                                                 right={0}),
-                                          Figure(f"{files}remedies.png", "expected speedup per "
-                                                 "remedy", caption, png)])
+                                          Figure(name=f"{files}remedies.png", alt="expected speedup per "
+                                                 "remedy", caption=caption, png=png)])
 
 
 def _verify(v: dict[str, Any], prefix: str, files: str) -> Section:
@@ -155,9 +155,9 @@ def _verify(v: dict[str, Any], prefix: str, files: str) -> Section:
         return Section(title, [Text(v.get("reason") or v.get("error") or "nothing was rerun")])
     before, after, bound = v["before_step_ms"], v["after_step_ms"], v["expected_speedup"]
     measured = "n/a" if v.get("speedup") is None else f"{v['speedup']:.2f}x"
-    bars = [plots.Bar("before", before, f"{before:.2f} ms"),
-            plots.Bar("after (measured)", after, f"{after:.2f} ms ({measured})", highlight=True),
-            plots.Bar("after, if the bound held", before / bound, f"{before / bound:.2f} ms "
+    bars = [plots.Bar(label="before", value=before, note=f"{before:.2f} ms"),
+            plots.Bar(label="after (measured)", value=after, note=f"{after:.2f} ms ({measured})", highlight=True),
+            plots.Bar(label="after, if the bound held", value=before / bound, note=f"{before / bound:.2f} ms "
                       f"(up to {bound:.2f}x)")]
     png = plots.hbars(bars, title=f"Before and after {v['remedy']}", xlabel="median ms per step",
                       highlight_label="measured with the remedy")
@@ -176,9 +176,9 @@ def _verify(v: dict[str, Any], prefix: str, files: str) -> Section:
     if (v.get("time_to_loss") or {}).get("reason"):
         rows.append(["time to the same loss", v["time_to_loss"]["reason"]])
     blocks: list[Any] = [Table(["", "value"], rows),
-                         Figure(f"{files}verify.png", "step time before and after the remedy",
-                                "The same script rerun with the remedy applied from outside.",
-                                png)]
+                         Figure(name=f"{files}verify.png", alt="step time before and after the remedy",
+                                caption="The same script rerun with the remedy applied from outside.",
+                                png=png)]
     if v.get("reason"):
         blocks.append(Text(v["reason"]))
     return Section(title, blocks)
@@ -206,8 +206,8 @@ def build_ranks(data: dict[str, Any]) -> Document:
     head = ("ranks balanced" if data["balanced"] else f"slowest rank: {slowest}") + \
         f" ({data['slowdown']:.2f}x rank {data['fastest_rank']}, the fastest)"
     blocks: list[Any] = [Callout(head), Text(data["reason"]), table,
-                         Figure("ranks.png", "per-rank step breakdown", "Each rank's median step "
-                                "split by its phase shares.", png)]
+                         Figure(name="ranks.png", alt="per-rank step breakdown", caption="Each rank's median step "
+                                "split by its phase shares.", png=png)]
     if data.get("missing_ranks"):
         blocks.append(Text(f"Rank(s) {data['missing_ranks']} wrote no diagnosis (failed, stopped, "
                            "or on another node)."))

@@ -35,7 +35,7 @@ class Table:
     right: set[int] = field(default_factory=set)  # column indexes aligned right (numbers)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Figure:
     name: str  # the PNG's file name in the report folder, e.g. "s_per_epoch.png"
     alt: str  # what the image shows, in words (alt text and the Markdown link text)

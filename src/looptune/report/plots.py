@@ -55,7 +55,7 @@ def require_matplotlib() -> None:
         raise ConfigError(problem)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Bar:
     label: str  # the category, on the axis
     value: float
@@ -63,7 +63,7 @@ class Bar:
     highlight: bool = False  # drawn apart (e.g. the chosen setting) and named in the legend
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Series:
     label: str
     x: Sequence[float]

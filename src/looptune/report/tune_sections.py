@@ -56,27 +56,27 @@ def _workers_figure(trials: list[dict], recommended: dict, mode: str) -> list[An
     chosen = next((t for t in ok if t["num_workers"] == recommended.get("num_workers")), None)
     marks = [] if chosen is None else [(chosen["num_workers"], chosen["samples_per_s"],
                                         f"chosen: {chosen['num_workers']} workers")]
-    series = plots.Series("samples/s", [t["num_workers"] for t in ok],
-                          [t["samples_per_s"] for t in ok], marks)
+    series = plots.Series(label="samples/s", x=[t["num_workers"] for t in ok],
+                          y=[t["samples_per_s"] for t in ok], marks=marks)
     png = plots.lines([series], title=f"Throughput against num_workers ({mode})",
                       xlabel="DataLoader num_workers", ylabel="samples/s", integer_x=True)
     failed = [t for t in search if t["samples_per_s"] is None]
     caption = ("Workers grow from 0 while each step up gains at least the threshold; the star is "
                "the chosen count." + "".join(f" {t['num_workers']} workers failed: {t['reason']}."
                                              for t in failed))
-    return [Figure("workers.png", "samples per second against num_workers", caption, png)]
+    return [Figure(name="workers.png", alt="samples per second against num_workers", caption=caption, png=png)]
 
 
 def _trials_figure(trials: list[dict], recommended: dict, mode: str) -> list[Any]:
     if all(set(_settings(t)) == {"num_workers"} for t in trials):
         return []  # the workers plot shows them all
     final = dict(recommended)
-    bars = [plots.Bar(_label(_settings(t)), t["samples_per_s"] or 0.0, _rate(t["samples_per_s"]),
+    bars = [plots.Bar(label=_label(_settings(t)), value=t["samples_per_s"] or 0.0, note=_rate(t["samples_per_s"]),
                       highlight=_is_final(_settings(t), final)) for t in trials]
     png = plots.hbars(bars, title=f"Throughput of every setting tried ({mode})",
                       xlabel="samples/s (median of repeats)", highlight_label="recommended")
-    return [Figure("trials.png", "samples per second of every DataLoader setting tried",
-                   "Every trial in the order measured; failed ones show 0.", png)]
+    return [Figure(name="trials.png", alt="samples per second of every DataLoader setting tried",
+                   caption="Every trial in the order measured; failed ones show 0.", png=png)]
 
 
 def _is_final(settings: dict[str, Any], final: dict[str, Any]) -> bool:
@@ -114,16 +114,16 @@ def build_batch(data: dict[str, Any]) -> Document:
 def _throughput(ok: list[dict], chosen: int, trials: list[dict]) -> Figure:
     knee = next((t for t in ok if t["batch_size"] == chosen), None)
     marks = [] if knee is None else [(chosen, knee["samples_per_s"], f"chosen: {chosen}")]
-    series = plots.Series("samples/s", [t["batch_size"] for t in ok],
-                          [t["samples_per_s"] for t in ok], marks)
+    series = plots.Series(label="samples/s", x=[t["batch_size"] for t in ok],
+                          y=[t["samples_per_s"] for t in ok], marks=marks)
     png = plots.lines([series], title="Training throughput against batch size",
                       xlabel="batch size (log scale)", ylabel="samples/s", logx=2,
                       xticks=[t["batch_size"] for t in ok])
     bad = [t for t in trials if t["status"] != "ok"]
     caption = ("The star is the knee: the smallest batch within the threshold of the best. "
                + "".join(f"{t['batch_size']}: {t['status']}. " for t in bad))
-    return Figure("batch_throughput.png", "samples per second against batch size",
-                  caption.strip(), png)
+    return Figure(name="batch_throughput.png", alt="samples per second against batch size",
+                  caption=caption.strip(), png=png)
 
 
 def _memory(ok: list[dict], chosen: int, evidence: dict[str, Any]) -> Figure | None:
@@ -136,22 +136,22 @@ def _memory(ok: list[dict], chosen: int, evidence: dict[str, Any]) -> Figure | N
     unit, scale = ("MiB", 2.0 ** 20) if top >= 2 ** 20 else ("KiB", 2.0 ** 10)
     knee = next((t for t in points if t["batch_size"] == chosen), None)
     marks = [] if knee is None else [(chosen, knee["peak_mem_bytes"] / scale, f"chosen: {chosen}")]
-    series = plots.Series("peak memory", [t["batch_size"] for t in points],
-                          [t["peak_mem_bytes"] / scale for t in points], marks)
+    series = plots.Series(label="peak memory", x=[t["batch_size"] for t in points],
+                          y=[t["peak_mem_bytes"] / scale for t in points], marks=marks)
     hlines = [(line / scale, f"{fraction:.0%} of the limit")] if line else []
     kind = points[0].get("peak_mem_kind", "")
     png = plots.lines([series], title="Peak memory against batch size",
                       xlabel="batch size (log scale)", ylabel=f"peak memory, {unit}", logx=2,
                       hlines=hlines, xticks=[t["batch_size"] for t in points])
-    return Figure("batch_memory.png", "peak memory against batch size",
-                  f"Peak memory: {_MEM_KIND.get(kind, kind)}.", png)
+    return Figure(name="batch_memory.png", alt="peak memory against batch size",
+                  caption=f"Peak memory: {_MEM_KIND.get(kind, kind)}.", png=png)
 
 
 # ------------------------------------------------------------------------------- pack --bench
 
 def build_pack(data: dict[str, Any]) -> Document:
     rates = data["rates"]
-    bars = [plots.Bar(r["name"], r["samples_per_s"], f"{r['samples_per_s']:,.0f}"
+    bars = [plots.Bar(label=r["name"], value=r["samples_per_s"], note=f"{r['samples_per_s']:,.0f}"
                       + ("" if r.get("speedup") is None else f"  ({r['speedup']:.2f}x)"))
             for r in rates]
     png = plots.hbars(bars, title="Samples per second of each way to read the data",
@@ -170,7 +170,7 @@ def build_pack(data: dict[str, Any]) -> Document:
                "No original dataset was measured, so there are no speedups.")
     return Document("looptune pack --bench", subtitle, [
         Section("Read throughput",
-                [Callout(head), table, Figure("pack.png", "samples per second per way", caption,
-                                              png)]),
+                [Callout(head), table, Figure(name="pack.png", alt="samples per second per way", caption=caption,
+                                              png=png)]),
         provenance_section(data.get("provenance"))])
 

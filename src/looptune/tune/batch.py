@@ -155,7 +155,7 @@ def pick_knee(trials: list[dict], threshold: float = 0.05, memory_limit: int | N
     floor = (1.0 - threshold) * best["samples_per_s"]
     knee = min((t for t in eligible if t["samples_per_s"] >= floor), key=lambda t: t["batch_size"])
     reason = _knee_reason(knee, best, threshold, trials, eligible)
-    return Decision("batch_size", knee["batch_size"], reason, evidence=trials)
+    return Decision("batch_size", knee["batch_size"], reason=reason, evidence=trials)
 
 
 def _eligible(trial: dict, memory_limit: int | None, max_fraction: float) -> bool:
@@ -400,5 +400,5 @@ def _accumulate_decision(batch: int, effective: int) -> Decision:
     reason += f"effective batch {got}"
     if got != effective:
         reason += f" ({got - effective} more than asked: {effective} is not a multiple of {batch})"
-    return Decision("accumulate", accumulate, reason,
+    return Decision("accumulate", accumulate, reason=reason,
                     evidence={"batch_size": batch, "keep_effective": effective, "effective": got})

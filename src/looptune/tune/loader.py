@@ -43,7 +43,7 @@ class LoaderTuneResult:
                 "decisions": [asdict(d) for d in self.decisions]}
 
 
-@dataclass
+@dataclass(kw_only=True)
 class _Search:
     dataset: Dataset
     batch_size: int
@@ -211,8 +211,8 @@ def tune_loader(dataset: Dataset, *, batch_size: int = 64, model: torch.nn.Modul
     _check(dataset, batch_size, device, budget_s, threshold, bound, batches, warmup, repeats, model)
     t0 = time.perf_counter()
     dev = resolve_device(device)
-    search = _Search(dataset, batch_size, dev, model, loss_fn, batches, warmup, repeats,
-                     threshold, deadline=t0 + budget_s)
+    search = _Search(dataset=dataset, batch_size=batch_size, device=dev, model=model, loss_fn=loss_fn, batches=batches, warmup=warmup, repeats=repeats,
+                     threshold=threshold, deadline=t0 + budget_s)
     decisions, settings = _search_workers(search, bound, cores)
     for choose in (_choose_prefetch, _choose_persistent, _choose_pin, _choose_batched):
         decision = choose(search, settings)
@@ -279,8 +279,8 @@ def _search_workers(search: _Search, bound: int, cores: int) -> tuple[list[Decis
         best, k = trial, k * 2 if k >= 2 else k + 1
     evidence = [{"num_workers": t["num_workers"], "samples_per_s": t["samples_per_s"],
                  "status": t["status"]} for t in tried]
-    return [Decision("num_workers", best["num_workers"], _workers_reason(best, tried, search, cores),
-                     evidence)], {"num_workers": best["num_workers"]}
+    return [Decision("num_workers", best["num_workers"], reason=_workers_reason(best, tried, search, cores),
+                     evidence=evidence)], {"num_workers": best["num_workers"]}
 
 
 def _workers_reason(best: dict, tried: list[dict], search: _Search, cores: int) -> str:

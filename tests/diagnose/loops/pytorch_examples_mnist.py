@@ -72,7 +72,7 @@ def parse(argv=None):
 def loaders(args):
     def split(name):
         images, labels = mnist.load(name, data_dir=args.data)
-        return PerSampleImages(ImageData(images, labels, 0.1307, 0.3081))  # ToTensor+Normalize
+        return PerSampleImages(ImageData(images=images, labels=labels, mean=0.1307, std=0.3081))  # ToTensor+Normalize
 
     kwargs = {"num_workers": args.workers, "shuffle": True}
     return (DataLoader(split("train"), batch_size=args.batch_size, **kwargs),

@@ -114,7 +114,7 @@ class FieldSpec:
         return int(np.dtype(self.dtype).itemsize * math.prod(self.shape))  # type: ignore[arg-type]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class ShardSpec:
     field: str  # FieldSpec.name this file belongs to
     file: str  # file name inside the folder
@@ -124,7 +124,7 @@ class ShardSpec:
     sha256: str  # hex digest of the whole file
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Header:
     version: int
     num_samples: int
@@ -272,8 +272,8 @@ def _header_from_raw(raw: dict[str, Any], where: str) -> Header:
                 or any(d is not None and d < 0 for d in f.shape)
                 or (storage == "memmap" and not f.fixed)):
             raise ValueError(f"field {f.name!r}: dtype {f.dtype!r} / shape {f.shape} not allowed")
-    shards = tuple(ShardSpec(str(s["field"]), str(s["file"]), int(s["first"]), int(s["count"]),
-                             int(s["bytes"]), str(s["sha256"])) for s in raw["shards"])
+    shards = tuple(ShardSpec(field=str(s["field"]), file=str(s["file"]), first=int(s["first"]), count=int(s["count"]),
+                             bytes=int(s["bytes"]), sha256=str(s["sha256"])) for s in raw["shards"])
     header = Header(version=int(raw["version"]), num_samples=int(raw["num_samples"]), kind=kind,
                     fields=fields, shards=shards, storage=storage,
                     looptune_version=str(raw.get("looptune_version")))

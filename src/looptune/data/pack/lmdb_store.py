@@ -97,8 +97,8 @@ def _write_shard(tmp: Path, k: int, first: int, records: list[bytes]) -> ShardSp
     finally:
         env.close()
     os.chmod(path, 0o644)
-    return ShardSpec(ALL_FIELDS, path.name, first, len(records), path.stat().st_size,
-                     file_sha256(path))
+    return ShardSpec(field=ALL_FIELDS, file=path.name, first=first, count=len(records), bytes=path.stat().st_size,
+                     sha256=file_sha256(path))
 
 
 

@@ -27,7 +27,7 @@ from looptune.errors import ConfigError
 __all__ = ["LoadRate", "PackBench", "bench_pack"]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class LoadRate:
     name: str  # "original", "packed, per sample", "packed, whole batches"
     how: str  # the loader, in words
@@ -49,7 +49,7 @@ class LoadRate:
         return self.bytes_per_batch * (self.samples / self.samples_per_batch) / self.median_s
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class PackBench:
     packed: str
     storage: str
@@ -120,10 +120,10 @@ def bench_pack(packed: Any, original: Any = None, *, batch_size: int = 256, work
             s, nbytes = _time(loader, steps, warmup)
             seconds[name].append(s)
             sizes[name] = nbytes
-    rates = [LoadRate(name, how, steps * batch_size, seconds[name], sizes[name], batch_size)
+    rates = [LoadRate(name=name, how=how, samples=steps * batch_size, seconds=seconds[name], bytes_per_batch=sizes[name], samples_per_batch=batch_size)
              for name, how, *_ in ways]
-    return PackBench(str(ds.path), ds.storage, batch_size, workers, steps, repeats, rates,
-                     provenance(torch.device("cpu")))
+    return PackBench(packed=str(ds.path), storage=ds.storage, batch_size=batch_size, workers=workers, batches=steps, repeats=repeats, rates=rates,
+                     provenance=provenance(torch.device("cpu")))
 
 
 def _check(batch_size: Any, workers: Any, batches: Any, repeats: Any, warmup: Any) -> None:

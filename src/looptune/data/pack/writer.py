@@ -203,7 +203,7 @@ def _write_memmap_shards(stream: Iterator[Fields], n: int, tmp: Path, specs: lis
         for fi, (spec, buf) in enumerate(zip(specs, bufs)):
             name = shard_file_name(fi, spec.name, k)
             digest = _write_shard(tmp / name, buf.tobytes(order="C"))
-            shards.append(ShardSpec(spec.name, name, first, count, buf.nbytes, digest))
+            shards.append(ShardSpec(field=spec.name, file=name, first=first, count=count, bytes=buf.nbytes, sha256=digest))
         if progress is not None:
             progress(first + count, n)
     return shards

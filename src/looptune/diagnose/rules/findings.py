@@ -3,23 +3,28 @@
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING
 
-from looptune.measure.records import LoaderInfo, Measurements
+from looptune.diagnose.rules.overhead import overhead_share
+from looptune.diagnose.rules.profile import REMEDY_SHARE, StepProfile, mib
 from looptune.diagnose.rules.records import Finding
-from looptune.diagnose.update_rule import update_memory_s
+from looptune.measure.records import LoaderInfo, Measurements
 
-if TYPE_CHECKING:
-    from looptune.diagnose.verdict import _Profile
+__all__ = ["SHM_FRACTION", "SHM_HEADROOM", "TINY_BATCH", "TINY_BATCH_FACTOR", "findings"]
 
-__all__ = ["findings"]
+# in-flight batches above half of /dev/shm: a second loader or a spike fills it. Assumed, not
+# measured.
+SHM_FRACTION = 0.5
+# the --shm-size suggested: this many times the bytes in flight. Assumed, not measured.
+SHM_HEADROOM = 2
+# below this batch size the fixed per-step cost is paid for very few samples. Assumed, not
+# measured.
+TINY_BATCH = 64
+# the larger batch the tiny-batch finding suggests, as a multiple of the script's. Assumed, not
+# measured.
+TINY_BATCH_FACTOR = 4
 
-REMEDY_SHARE = 0.10  # a data-wait or copy share worth a remedy
 
-SHM_FRACTION = 0.5  # in-flight batches above half of /dev/shm: a second loader or a spike fills it
-TINY_BATCH = 64  # below this the fixed per-step cost is paid for very few samples
-
-def findings(m: Measurements, p: _Profile, bottleneck: str) -> list[Finding]:
+def findings(m: Measurements, p: StepProfile, bottleneck: str) -> list[Finding]:
     out: list[Finding] = []
     for i, ld in enumerate(m.loaders):
         label = f"loader {i} ({ld.dataset})"
@@ -60,33 +65,33 @@ def _shm_finding(m: Measurements, ld: LoaderInfo, label: str) -> list[Finding]:
     if needed <= SHM_FRACTION * shm:
         return []
     return [Finding(name="shm", severity="warning", message=(
-        f"{label}: up to {_mib(needed)} of batches in flight ({_mib(ld.batch_bytes)} x "
-        f"{ld.num_workers} workers x prefetch_factor {prefetch}) vs /dev/shm of {_mib(shm)} "
+        f"{label}: up to {mib(needed)} of batches in flight ({mib(ld.batch_bytes)} x "
+        f"{ld.num_workers} workers x prefetch_factor {prefetch}) vs /dev/shm of {mib(shm)} "
         f"(> {SHM_FRACTION:.0%}); workers hand batches over through /dev/shm and die with a bus "
         f"error when it fills. Docker's default is 64 MiB: run with "
-        f"--shm-size={math.ceil(2 * needed / 2**30)}g, or lower num_workers / prefetch_factor."))]
+        f"--shm-size={math.ceil(SHM_HEADROOM * needed / 2**30)}g, or lower num_workers / prefetch_factor."))]
 
 
-def _pin_finding(p: _Profile, ld: LoaderInfo, label: str) -> list[Finding]:
+def _pin_finding(p: StepProfile, ld: LoaderInfo, label: str) -> list[Finding]:
     if not ld.pin_memory or p.on_cuda:
         return []
-    size = f" ({_mib(ld.batch_bytes)} per batch)" if ld.batch_bytes else ""
+    size = f" ({mib(ld.batch_bytes)} per batch)" if ld.batch_bytes else ""
     return [Finding(name="pin_without_gpu", severity="info", message=(
         f"{label}: pin_memory=True but the step runs on the CPU: pinning only speeds host-to-GPU "
         f"copies; here it costs an extra copy of every batch{size}. Set pin_memory=False."))]
 
 
-def _tiny_batch_finding(m: Measurements, p: _Profile, ld: LoaderInfo, label: str) -> list[Finding]:
+def _tiny_batch_finding(m: Measurements, p: StepProfile, ld: LoaderInfo, label: str) -> list[Finding]:
     if ld.batch_size is None or ld.batch_size >= TINY_BATCH:
         return []
     b = ld.batch_size
     return [Finding(name="tiny_batch", severity="info", message=(
-        f"{label}: batch_size={b} on an overhead-bound step ({_overhead_share(m, p):.1%} of it is "
-        f"fixed per-step cost, paid every {b} samples). Try batch_size={4 * b} and scale the "
+        f"{label}: batch_size={b} on an overhead-bound step ({overhead_share(m, p):.1%} of it is "
+        f"fixed per-step cost, paid every {b} samples). Try batch_size={TINY_BATCH_FACTOR * b} and scale the "
         "learning rate with it."))]
 
 
-def _tf32_finding(m: Measurements, p: _Profile) -> list[Finding]:
+def _tf32_finding(m: Measurements, p: StepProfile) -> list[Finding]:
     env = m.env
     if not (p.on_cuda and env and env.tf32_supported and env.tf32_enabled is False):
         return []
@@ -96,35 +101,12 @@ def _tf32_finding(m: Measurements, p: _Profile) -> list[Finding]:
         "allow_tf32 = True or torch.set_float32_matmul_precision(\"high\")."))]
 
 
-def _pageable_finding(p: _Profile) -> list[Finding]:
+def _pageable_finding(p: StepProfile) -> list[Finding]:
     h = p.shares["host_to_device"]
     if not (p.on_cuda and p.pageable_bytes_per_step > 0 and h >= REMEDY_SHARE):
         return []
     return [Finding(name="pageable_h2d", severity="warning", message=(
-        f"{_mib(p.pageable_bytes_per_step)} per step is copied to the GPU from pageable memory and "
+        f"{mib(p.pageable_bytes_per_step)} per step is copied to the GPU from pageable memory and "
         f"copies take {h:.1%} of the step: pageable copies go through a staging buffer and block "
         "the host. Use DataLoader(pin_memory=True) and .to(device, non_blocking=True)."))]
 
-
-def _mib(n: float | None) -> str:
-    return f"{(n or 0) / 2**20:.1f} MiB"
-
-
-def _gib(n: float | None) -> str:
-    return f"{(n or 0) / 2**30:.2f} GiB"
-
-
-def _overhead_share(m: Measurements, p: _Profile) -> float:
-    """Share of the step that is fixed per-step cost: measured by the model's replay at B and 4B
-    when there is one, else the busy time the arithmetic doesn't need at the matmul rate."""
-    from looptune.diagnose.batch_rule import scaled_step
-
-    scaled = scaled_step(m, p.phase_s, update_memory_s(m, p.part_s))
-    if scaled is not None and scaled.step_s > 0:
-        return scaled.overhead_share * scaled.busy_s / scaled.step_s
-    sh = p.shares
-    busy_s = p.phase_s["compute"] + p.phase_s["sync"] + p.phase_s["other"]
-    if m.flops_per_step and m.matmul_flops_per_s and busy_s > 0:
-        needed_s = m.flops_per_step / m.matmul_flops_per_s
-        return (sh["compute"] + sh["sync"] + sh["other"]) * max(0.0, 1.0 - needed_s / busy_s)
-    return sh["sync"] + sh["other"]

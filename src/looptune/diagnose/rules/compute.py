@@ -1,6 +1,7 @@
-"""Remedies for a CPU step whose time goes to compute, each bounded by rates measured here.
+"""Remedies for a step whose time goes to compute. On a GPU: bf16 tensor cores (an assumed
+factor). On a CPU, each bounded by rates measured here:
 
-The step's FLOPs (FlopCounterMode) at the measured fp32 matmul rate give the time its matmuls
+the step's FLOPs (FlopCounterMode) at the measured fp32 matmul rate give the time its matmuls
 need; the rest of the compute time is element-wise work, norms, softmax and per-op dispatch.
 bf16 can only shorten the first part, by the measured bf16/fp32 matmul ratio; torch.compile
 mainly the second, by fusing it. Neither bound is a guess about this CPU: both rates are
@@ -10,17 +11,42 @@ measured where the script runs, at its thread count.
 from __future__ import annotations
 
 from looptune.diagnose.apply import FRAMEWORK_SWITCH
-from looptune.measure.records import Measurements
+from looptune.diagnose.rules.profile import StepProfile, amdahl_remedy
 from looptune.diagnose.rules.records import Remedy
+from looptune.diagnose.rules.update import optimizer_s
+from looptune.measure.records import Measurements
 
-__all__ = ["bf16_action", "cpu_compute_remedies", "FUSABLE_FRACTION", "SDPA_FLASH_CPU"]
+__all__ = ["BF16_CPU_FALLBACK_SAVED", "BF16_GPU_SAVED", "FUSABLE_FRACTION", "MIN_BF16_GAIN",
+           "SDPA_FLASH_CPU", "bf16_action", "compute_remedies", "cpu_compute_remedies"]
 
 # Assumed share of the non-matmul compute that inductor's fusion removes: low on purpose. An fp32
 # byte-level GPT on a 2-core Zen 4 measured 1.07x from compile alone where 0.5 would have promised
 # 1.38x (benchmarks/char_lm.py); with bf16 autocast, compile also fuses the casts and gained more.
 FUSABLE_FRACTION = 0.2
+# the share of a GPU step's compute (less the optimizer's, which stays fp32 under autocast) that
+# bf16 tensor cores remove: they roughly halve it. Assumed, not measured.
+BF16_GPU_SAVED = 0.5
+# the share of a CPU step's compute that bf16 removes when the FLOPs or matmul rates are unknown:
+# a low bound (AMX/avx512_bf16 CPUs gain more, others none). Assumed, not measured.
+BF16_CPU_FALLBACK_SAVED = 0.2
+# a measured bf16 matmul rate below this many times the fp32 one: no bf16 remedy (within noise).
+# Assumed, not measured.
+MIN_BF16_GAIN = 1.1
 SDPA_FLASH_CPU = "_scaled_dot_product_flash_attention_for_cpu"
-_MIN_BF16_GAIN = 1.1  # a bf16 matmul rate below 1.1x the fp32 one: no bf16 remedy
+
+
+def compute_remedies(m: Measurements, p: StepProfile) -> list[Remedy]:
+    """bf16 on a GPU (an assumed factor), bf16 and torch.compile on a CPU (measured bounds)."""
+    c = p.shares["compute"]
+    if p.on_cuda:  # the optimizer's parts stay fp32 under autocast: not halved
+        u = min(c, optimizer_s(p.part_s) / p.step_s) if p.step_s > 0 else 0.0
+        less = f" less the optimizer's {u:.1%}" if u > 0 else ""
+        return [amdahl_remedy(
+            action=bf16_action(m, "cuda")[0], share=c - u, fraction=BF16_GPU_SAVED,
+            reason=f"compute is {c:.1%} of the step{less}; bf16 tensor cores roughly halve it: "
+                   f"1/(1 - {c - u:.4f} x {BF16_GPU_SAVED})", kind="precision")]
+    return cpu_compute_remedies(m, step_s=p.step_s, compute_s=p.phase_s["compute"],
+                                update_s=optimizer_s(p.part_s))
 
 
 def cpu_compute_remedies(m: Measurements, *, step_s: float, compute_s: float,
@@ -34,9 +60,9 @@ def cpu_compute_remedies(m: Measurements, *, step_s: float, compute_s: float,
         c = compute_s / step_s if step_s > 0 else 0.0
         return [_bounded(
             bf16_action(m)[0] + " (only if the CPU has AMX/avx512_bf16; measure)", step_s,
-            c * step_s * 0.2,
+            c * step_s * BF16_CPU_FALLBACK_SAVED,
             f"compute is {c:.1%} of the step; the FLOPs or matmul rates are unknown, so a low "
-            f"bound: 1/(1 - {c:.4f} x 0.2)")]
+            f"bound: 1/(1 - {c:.4f} x {BF16_CPU_FALLBACK_SAVED})")]
     matmul_s = min(compute_s, flops / fp32)
     out = []
     sc = m.batch_scaling
@@ -50,7 +76,7 @@ def cpu_compute_remedies(m: Measurements, *, step_s: float, compute_s: float,
                 f"{sc.bf16_s * 1e3:.3f} ms vs {sc.small_s * 1e3:.3f} ms in fp32 (casts "
                 f"included); that part of the step's compute, {replayed * 1e3:.3f} ms, shrinks "
                 f"as measured: saves {saved * 1e3:.3f} of {step_s * 1e3:.3f} ms{note}")))
-    elif bf16 and bf16 >= _MIN_BF16_GAIN * fp32:
+    elif bf16 and bf16 >= MIN_BF16_GAIN * fp32:
         saved = matmul_s * (1 - fp32 / bf16)
         action, note = bf16_action(m)
         out.append(_bounded(action, step_s, saved, (

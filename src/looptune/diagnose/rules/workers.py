@@ -17,20 +17,23 @@ The step becomes ``max(read / K, (rest + take) x slow, all CPU work / cores deli
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
-from looptune.measure.records import Measurements
+from looptune.diagnose.rules.profile import StepProfile, amdahl
 from looptune.diagnose.rules.records import Remedy
+from looptune.measure.records import Measurements
 
-if TYPE_CHECKING:
-    from looptune.diagnose.verdict import _Profile
+__all__ = ["MAX_SPEEDUP", "MAX_WORKERS", "ONE_CORE_WAIT_REMOVED", "workers_remedy"]
 
-__all__ = ["MAX_WORKERS", "workers_remedy"]
+# past ~8 workers decoding seldom scales and each costs RAM and /dev/shm. Assumed, not measured.
+MAX_WORKERS = 8
+# on one core, the share of the data wait that loading in the main process instead of workers
+# removes: the gain can't be bounded from the numbers, so half. Assumed, not measured.
+ONE_CORE_WAIT_REMOVED = 0.5
+# the largest bound stated: 1 / (1 - MAX_REMOVED), as amdahl's cap; an int, so a capped bound
+# reads 100 as before. Assumed, not measured.
+MAX_SPEEDUP = 100
 
-MAX_WORKERS = 8  # past ~8 workers decoding seldom scales and each costs RAM and /dev/shm
 
-
-def workers_remedy(m: Measurements, p: _Profile, s: float) -> list[Remedy]:
+def workers_remedy(m: Measurements, p: StepProfile, s: float) -> list[Remedy]:
     """The DataLoader worker count with the best estimate (module docstring), at most cores - 1,
     as a remedy; none when the script already uses it."""
     if not m.loaders or m.env is None:  # no DataLoader seen, or unknown core count
@@ -43,9 +46,8 @@ def workers_remedy(m: Measurements, p: _Profile, s: float) -> list[Remedy]:
         reason = (f"num_workers={w} on 1 core: the workers and the step take turns on it, plus "
                   "process hand-over costs; the gain can't be bounded from these numbers (half "
                   f"the {s:.1%} data wait assumed)")
-        from looptune.diagnose.verdict import amdahl  # here: verdict imports this module
-
-        return [Remedy(action=_loader_action(0, p.on_cuda), expected_speedup=round(amdahl(s, 0.5), 2),
+        return [Remedy(action=_loader_action(0, p.on_cuda),
+                       expected_speedup=round(amdahl(s, ONE_CORE_WAIT_REMOVED), 2),
                        reason=reason, kind="loader")]
     t = m.env.threads or n  # the step's intra-op threads
 
@@ -90,7 +92,7 @@ def workers_remedy(m: Measurements, p: _Profile, s: float) -> list[Remedy]:
             f"a batch in {read * 1e3:.2f} ms, {take * 1e3:.3f} ms to take it, the step slowed "
             f"{slow(best):.2g}x beside it)")
         return [Remedy(action=_loader_action(0, p.on_cuda), kind="loader",
-                       expected_speedup=round(min(bound, 100), 2), reason=(
+                       expected_speedup=round(min(bound, MAX_SPEEDUP), 2), reason=(
             f"num_workers={w} on {n} cores: the main process reads a batch in {main * 1e3:.2f} ms "
             f"(measured alone after the script), so without workers the step takes "
             f"{main * 1e3:.2f} + {rest * 1e3:.2f} ms of the rest = {took(0) * 1e3:.2f} ms against "
@@ -115,7 +117,7 @@ def workers_remedy(m: Measurements, p: _Profile, s: float) -> list[Remedy]:
             "worker(s) leave cores to the step" if w > k else
             f"data wait is {s:.1%} of the step with num_workers={w}; {k} worker(s) overlap "
             "loading with the step")
-    return [Remedy(action=_loader_action(k, p.on_cuda), expected_speedup=round(min(bound, 100), 2),
+    return [Remedy(action=_loader_action(k, p.on_cuda), expected_speedup=round(min(bound, MAX_SPEEDUP), 2),
                    reason=f"{head}, which then takes {why}", kind="loader")]
 
 

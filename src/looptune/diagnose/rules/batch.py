@@ -9,9 +9,9 @@ in the replay; the rest
 of the compute (optimizer update, loss, the script's Python), syncs and other host time stay per
 step. Per sample, the larger batch is faster by ``k x step(B) / step(kB)``: that is the batch
 remedy's bound. The share of the busy time (compute + sync + other) that does not grow with the
-batch decides the verdict: overhead from OVERHEAD_SHARE, else compute. The optimizer update is
+batch decides the verdict: overhead from BUSY_OVERHEAD_SHARE, else compute. The optimizer update is
 paid per step too, but the part of it that streams the parameters (its time less its per-op cost,
-measured: :func:`looptune.diagnose.update_rule.update_memory_s`) is work, not overhead: it is
+measured: :func:`looptune.diagnose.rules.update.update_memory_s`) is work, not overhead: it is
 named as the update (its own share and remedy) and left out of the overhead share.
 """
 
@@ -20,15 +20,27 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from looptune.measure.records import BatchScaling, Measurements
+from looptune.diagnose.rules.profile import MAX_REMOVED
 from looptune.diagnose.rules.records import Remedy
+from looptune.measure.records import BatchScaling, Measurements
 
-__all__ = ["ScaledStep", "batch_remedy", "batch_verdict", "scaled_step"]
+__all__ = ["BUSY_OVERHEAD_SHARE", "FALLBACK_FACTOR", "FALLBACK_FIXED_REMOVED", "ScaledStep",
+           "batch_remedy", "batch_verdict", "scaled_step"]
 
-OVERHEAD_SHARE = 0.30  # per-step (batch-independent) share of the busy time that makes it overhead
+# the per-step (batch-independent) share of the busy time (compute + sync + other) from which the
+# step is overhead, measured by the model's replay at B and k x B. Assumed; checked by
+# benchmarks/verdict_check.py, whose independent verdicts (the whole script rerun at B and 4B)
+# agreed 12/12 at this threshold (docs/step-parts.md).
+BUSY_OVERHEAD_SHARE = 0.30
+# without a replay: the larger batch suggested is this many times the step's (the replay's own
+# factor, diagnose/scaling.py). Assumed, not measured.
+FALLBACK_FACTOR = 4
+# without a replay: the share of the per-step cost a FALLBACK_FACTOR x larger batch removes per
+# sample (it is paid once per k x the samples: 1 - 1/4). Assumed, not measured.
+FALLBACK_FIXED_REMOVED = 0.75
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class ScaledStep:
     factor: int
     step_s: float  # the step at B: the sum of its median phases
@@ -91,7 +103,7 @@ def batch_verdict(m: Measurements, phase_s: dict[str, float],
     if s is None:
         return None
     sc = m.batch_scaling
-    name = "overhead" if s.overhead_share >= OVERHEAD_SHARE else "compute"
+    name = "overhead" if s.overhead_share >= BUSY_OVERHEAD_SHARE else "compute"
     update = ""
     if s.update_s > 0 and s.busy_s > 0:
         update = (f"; of that, the optimizer update streaming the parameters takes "
@@ -100,11 +112,11 @@ def batch_verdict(m: Measurements, phase_s: dict[str, float],
     reason = (f"{_replay_text(sc)}; with the rest of the step's compute, syncs and host time per "
               f"step, {s.fixed_share:.1%} of its busy time ({s.busy_s * 1e3:.3f} ms) does not grow "
               f"with the batch{update} ({'>=' if name == 'overhead' else '<'} "
-              f"{OVERHEAD_SHARE:.0%}: {'per-step overhead' if name == 'overhead' else 'the work itself'})")
+              f"{BUSY_OVERHEAD_SHARE:.0%}: {'per-step overhead' if name == 'overhead' else 'the work itself'})")
     return name, {"rule": name, "reason": reason, "fixed_share": round(s.fixed_share, 4),
                   "update_ms": round(s.update_s * 1e3, 4),
                   "overhead_share": round(s.overhead_share, 4),
-                  "threshold": OVERHEAD_SHARE, "batch_speedup": round(s.speedup, 3),
+                  "threshold": BUSY_OVERHEAD_SHARE, "batch_speedup": round(s.speedup, 3),
                   "replay_batch": sc.batch, "replay_factor": sc.factor,
                   "replay_small_ms": round(sc.small_s * 1e3, 4),
                   "replay_large_ms": round(sc.large_s * 1e3, 4), "replay_module": sc.module,
@@ -119,7 +131,7 @@ def batch_remedy(m: Measurements, phase_s: dict[str, float], *, fallback_share: 
     sc, s = m.batch_scaling, scaled_step(m, phase_s)
     b = m.loaders[0].batch_size if m.loaders and m.loaders[0].batch_size else (
         sc.batch if sc is not None and sc.batch else None)
-    k = sc.factor if sc is not None else 4
+    k = sc.factor if sc is not None else FALLBACK_FACTOR
     size = f"batch_size {b} -> {k * b}" if b else f"batch size B -> {k}B"
     action = f"{size} (fewer, larger steps; scale the learning rate)"
     if s is not None:
@@ -132,8 +144,9 @@ def batch_remedy(m: Measurements, phase_s: dict[str, float], *, fallback_share: 
         return Remedy(action=action, expected_speedup=round(s.speedup, 2), reason=reason,
                       kind="batch")
     why = sc.note if sc is not None and sc.note else "the model was not replayed"
-    gain = 1 / (1 - min(0.99, fallback_share * 0.75))
+    gain = 1 / (1 - min(MAX_REMOVED, fallback_share * FALLBACK_FIXED_REMOVED))
     return Remedy(action=action, expected_speedup=round(gain, 2), kind="batch", reason=(
         f"not measured ({why}): assumes the per-step cost, {fallback_share:.1%} of the step, is "
-        f"fixed and paid once per {k}x the samples: 1/(1 - {fallback_share:.4f} x 0.75); "
+        f"fixed and paid once per {k}x the samples: 1/(1 - {fallback_share:.4f} x "
+        f"{FALLBACK_FIXED_REMOVED}); "
         "--verify measures it"))

@@ -5,13 +5,13 @@ Reads the step's parts as the probes timed them inside the script's own steps (`
 ``Optimizer.step``; ``zero_grad``, ``clip_grad``, ``grad_scaler``, ``lr_scheduler``) and the
 update replayed per implementation (:mod:`looptune.diagnose.update_replay`). The bound of a faster
 implementation scales the update's in-step time by the replay's ratio, so it is in the step's own
-seconds, as the bf16 bound is (:mod:`looptune.diagnose.cpu_compute`).
+seconds, as the bf16 bound is (:mod:`looptune.diagnose.rules.compute`).
 """
 
 from __future__ import annotations
 
-from looptune.measure.records import Measurements
 from looptune.diagnose.rules.records import Remedy
+from looptune.measure.records import Measurements
 
 __all__ = ["OPTIMIZER_PARTS", "optimizer_s", "update_memory_s", "update_remedies"]
 

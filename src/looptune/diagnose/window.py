@@ -1,4 +1,4 @@
-"""When the probes' step hook fires: warm-up, one FLOP-counted step, a profiler window (for
+"""The measurement window: what each step the probes' hook sees is for: warm-up, one FLOP-counted step, a profiler window (for
 --trace, and on CUDA for the kernels' busy time), then the measured steps; stop when done."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from looptune.measure.memory import PeakMemory
 from looptune.measure.probes import StopScript
 
-__all__ = ["TRACE_STEPS", "UNBOUNDED", "Schedule"]
+__all__ = ["TRACE_STEPS", "UNBOUNDED", "MeasurementWindow"]
 
 UNBOUNDED = 10**12  # "steps" when only seconds bound the measurement
 TRACE_STEPS = 3  # steps inside the torch.profiler window (excluded from the measurement)
@@ -23,8 +23,8 @@ TRACE_STEPS = 3  # steps inside the torch.profiler window (excluded from the mea
 # read from the profiler's CUPTI records; host clocks see launches, not kernels.
 
 
-@dataclass
-class Schedule:
+@dataclass(kw_only=True)
+class MeasurementWindow:
     """Decides, at each step boundary, what the next steps are for: warm-up, FLOP count,
     profiler trace, measurement; and stops the script when enough was measured."""
 

@@ -1,4 +1,4 @@
-"""The optimizer's share of the step and its remedies (diagnose.update_rule), through analyze():
+"""The optimizer's share of the step and its remedies (diagnose.rules.update), through analyze():
 a memory-bound update is named as the update, not as overhead; a per-op-bound one stays overhead;
 the same update faster is ranked above a larger batch that promises no more."""
 
@@ -7,7 +7,9 @@ from __future__ import annotations
 import pytest
 
 from looptune.measure.records import BatchScaling, Environment, LoaderInfo, Measurements, StepSample, UpdateReplay
-from looptune.diagnose.update_rule import optimizer_s, update_memory_s, update_remedies
+from looptune.diagnose.rules.batch import BUSY_OVERHEAD_SHARE
+from looptune.diagnose.rules.compute import BF16_GPU_SAVED, FUSABLE_FRACTION
+from looptune.diagnose.rules.update import optimizer_s, update_memory_s, update_remedies
 from looptune.diagnose.verdict import analyze
 
 MS = 1e-3
@@ -46,7 +48,7 @@ def test_a_memory_bound_update_is_the_update_not_overhead_and_its_fused_form_ran
     # 15 ms x (1 - 0.3 / 15) = 14.7 ms of the busy 65 ms are the update's size
     assert v.evidence["update_ms"] == pytest.approx(14.7)
     assert "work, not overhead" in v.evidence["reason"]
-    assert v.evidence["overhead_share"] < 0.30 <= v.evidence["fixed_share"]
+    assert v.evidence["overhead_share"] < BUSY_OVERHEAD_SHARE <= v.evidence["fixed_share"]
     assert v.part_ms == {"forward": 20.0, "backward": 30.0, "optimizer": 15.0,
                          "optimizer.update": 15.0}
     assert v.part_shares["optimizer"] == pytest.approx(15 / 66, abs=1e-4)
@@ -113,7 +115,7 @@ def test_compile_and_bf16_bounds_leave_the_update_out():
     matmul_ms = 1e9 / 100e9 * 1e3  # 10 ms of the 65 ms compute
     rest = 65 - matmul_ms - 15  # and 15 ms of it the update
     assert f"is {rest:.3f} ms" in compile_.reason and "optimizer's 15.000 ms left out" in compile_.reason
-    assert compile_.expected_speedup == round(66 / (66 - rest * 0.2), 2)
+    assert compile_.expected_speedup == round(66 / (66 - rest * FUSABLE_FRACTION), 2)
 
 
 def test_on_cuda_the_bf16_bound_halves_the_compute_but_not_the_update():
@@ -126,5 +128,5 @@ def test_on_cuda_the_bf16_bound_halves_the_compute_but_not_the_update():
                              * 0.098, matmul_flops_per_s=400e12))
     (bf16,) = [r for r in v.remedies if r.kind == "precision"]
     c = v.shares["compute"] - 0.2  # the update's 20 ms of the 100 ms step stay fp32
-    assert bf16.expected_speedup == round(1 / (1 - c * 0.5), 2)
+    assert bf16.expected_speedup == round(1 / (1 - c * BF16_GPU_SAVED), 2)
     assert "less the optimizer's 20.0%" in bf16.reason
