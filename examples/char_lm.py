@@ -14,7 +14,7 @@ import argparse
 import torch
 from torch.utils.data import DataLoader
 
-from looptune.bench.models import GPT, GPTConfig, lm_loss
+from looptune.models import GPT, GPTConfig, lm_loss
 from looptune.data import text
 
 parser = argparse.ArgumentParser()

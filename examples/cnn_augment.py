@@ -15,7 +15,7 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader
 
-from looptune.bench.models import SmallCNN
+from looptune.models import SmallCNN
 from looptune.data import mnist
 from looptune.data.augment import RandomAffine
 from looptune.data.loaders import ImageData, PerSampleImages

@@ -33,11 +33,12 @@ def test_slow_getitem_is_data_loading():
 
 
 def test_in_memory_wide_mlp_is_compute():
-    # fixed share 0.08-0.15 here (threshold BUSY_OVERHEAD_SHARE). A CI run once judged it overhead: a slow phase
-    # of the VM during the measured steps, a quiet one during the replay. The model is now timed
-    # inside the steps too (test_scaling.py plants that case), so one measurement decides
+    # overhead share 0.03-0.15 here (threshold BUSY_OVERHEAD_SHARE). CI judged it overhead twice: a
+    # slow phase of the VM during the measured steps and a quiet one during the replay (the model is
+    # now timed inside the steps too: test_scaling.py plants that case), then a bf16 replay of 7.7 s
+    # that left the B/4B pair one round (0.03-0.54 over 5 runs; now timed apart: test_scaling.py)
     d = run("compute_heavy.py", steps=6, warmup=2)
-    assert d.bottleneck == "compute", d.evidence
+    assert d.bottleneck == "compute", d.evidence["reason"]
     assert d.evidence["fixed_share"] < BUSY_OVERHEAD_SHARE and d.evidence["replay_module"] == "Sequential"
     assert d.evidence["flops_ratio"] > 0  # the FLOP rate is kept as context
 

@@ -129,6 +129,54 @@ def test_capture_keeps_the_outermost_calls_and_the_replay_picks_the_model():
     assert all(p.grad is None for p in model.parameters())
 
 
+def _faked_replay(monkeypatch, warm, timed):
+    """measure_scaling with faked clocks: ``warm`` and ``timed`` map "B", "kB", "bf16" to
+    seconds (timed: a list, one per call); returns the order the timed calls ran in."""
+    from looptune.diagnose import scaling
+
+    def replayer(model, args, kwargs, device, bf16=False):
+        key = "bf16" if bf16 else ("B" if args[0].shape[0] == 8 else "kB")
+        return SimpleNamespace(key=key)
+
+    order = []
+
+    def faked_time(fn, device):
+        order.append(fn.key)
+        return timed[fn.key].pop(0)
+
+    monkeypatch.setattr(scaling, "_replayer", replayer)
+    monkeypatch.setattr(scaling, "_time_once", lambda fn, device: warm[fn.key])
+    monkeypatch.setattr(scaling, "_time", faked_time)
+    monkeypatch.setattr(scaling, "_beside_busy", lambda fn, device: None)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 3))
+    return measure_scaling(_captured(model, torch.randn(8, 8)), torch.device("cpu")), order
+
+
+def test_a_slow_bf16_replay_is_timed_once_and_leaves_the_batch_pair_its_rounds(monkeypatch):
+    # a CPU without native bf16 took 7.7 s per bf16 replay of compute_heavy.py (60 ms in fp32):
+    # counted with the pair, it cut the B/4B timing to one round and the verdict flipped on noise
+    from looptune.diagnose.scaling import BUDGET_S, ROUNDS
+
+    timed = {"B": [0.07, 0.05, 0.06, 0.09, 0.06], "kB": [0.25, 0.2, 0.22, 0.3, 0.21], "bf16": []}
+    sc, order = _faked_replay(monkeypatch, {"B": 0.06, "kB": 0.2, "bf16": BUDGET_S + 4.7}, timed)
+    assert ROUNDS == 5 and order == ["B", "kB", "kB", "B", "B", "kB", "kB", "B", "B", "kB"]  # ABBA
+    assert sc.small_s == 0.05 and sc.large_s == 0.2  # the fastest of each
+    assert sc.bf16_s == BUDGET_S + 4.7  # its warm-up call, not repeated
+
+
+def test_a_fast_bf16_replay_is_timed_in_rounds_of_its_own(monkeypatch):
+    timed = {"B": [0.05] * 5, "kB": [0.2] * 5, "bf16": [0.04, 0.03, 0.05, 0.06, 0.04]}
+    sc, order = _faked_replay(monkeypatch, {"B": 0.06, "kB": 0.2, "bf16": 0.05}, timed)
+    assert order.count("bf16") == 5 and order[-5:] == ["bf16"] * 5 and sc.bf16_s == 0.03
+
+
+def test_a_heavy_pair_gets_fewer_rounds_within_the_budget(monkeypatch):
+    timed = {"B": [0.5] * 5, "kB": [1.9] * 5, "bf16": [0.6] * 5}
+    sc, order = _faked_replay(monkeypatch, {"B": 0.5, "kB": 1.9, "bf16": 0.6}, timed)
+    assert order.count("B") == 1 and order.count("kB") == 1  # 2.4 s a round: one fits 3 s
+    assert order.count("bf16") == 5 and sc.large_s == 1.9
+
+
 def _gone(pid: int) -> bool:
     try:
         os.kill(pid, 0)

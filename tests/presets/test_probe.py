@@ -73,7 +73,7 @@ def test_another_torch_version_or_batch_size_is_probed_again(monkeypatch):
 
 def test_a_candidate_within_the_noise_does_not_replace_the_plain_one(monkeypatch):
     same = [Candidate(impl="fused", precision="fp32", threads=None), Candidate(impl="foreach", precision="fp32", threads=None)]
-    monkeypatch.setattr(probe_mod, "_measure", lambda c, *a: {c[0].name: 1.0, c[1].name: 0.98})
+    monkeypatch.setattr(probe_mod, "_measure", lambda c, *a: ({c[0].name: 1.0, c[1].name: 0.98}, []))
     result = probe(**{**_kwargs(device=torch.device("cpu")), "candidates": same})
     assert result.chosen == same[0]  # 2% faster: under the 3% a change must win by
 
@@ -147,7 +147,7 @@ def _plant(monkeypatch, seconds):
 
     def measure(candidates, *rest):
         calls.append([c.name for c in candidates])
-        return {c.name: s for c, s in zip(candidates, seconds)}
+        return {c.name: s for c, s in zip(candidates, seconds)}, []
 
     monkeypatch.setattr(probe_mod, "_measure", measure)
     return calls
@@ -197,3 +197,32 @@ def test_the_fast_preset_is_built_from_the_probes_choice(monkeypatch, seconds, w
     assert fast.loader.store == ("float32" if want[1] == "fp32" else "autocast")
     (why,) = [d for d in fast.reasons if d.name == "optim.impl/precision/cpu_threads"]
     assert why.value == Candidate(**dict(zip(('impl', 'precision', 'threads', 'backward'), want))).name and "the fastest step at batch 64" in why.reason
+
+
+def test_a_candidate_far_slower_in_its_warm_up_is_not_timed_further(monkeypatch):
+    # bf16 autocast on a CPU without native bf16 ran a small GPT's step 19x slower than fp32 (a
+    # Zen 3 VM): its warm-up figure decides, and the evidence says that is all it was timed for
+    calls = {"slow": 0}
+
+    class Slow(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = nn.Linear(8, 3)
+
+        def forward(self, x):
+            if x.dtype == torch.float32 and torch.is_autocast_cpu_enabled():
+                calls["slow"] += 1
+                time.sleep(0.02)
+            return self.lin(x)
+
+    cands = [Candidate(impl="foreach", precision="fp32"),
+             Candidate(impl="foreach", precision="bf16")]
+    result = probe(**{**_kwargs(device=torch.device("cpu")), "candidates": cands,
+                      "build_model": Slow, "loss_fn": nn.functional.cross_entropy})
+    assert result.chosen == cands[0] and result.warm_only == (cands[1].name,)
+    assert calls["slow"] <= 3  # its warm-up round only (a timed round adds 4 or more)
+    assert result.seconds[cands[1].name] >= 0.02
+    assert "its warm-up steps only: >= 2x the plain one's" in result.evidence()
+    again = probe(**{**_kwargs(device=torch.device("cpu")), "candidates": cands,
+                     "build_model": Slow, "loss_fn": nn.functional.cross_entropy})
+    assert again.cached and again.warm_only == result.warm_only  # the cache keeps it

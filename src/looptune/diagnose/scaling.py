@@ -40,7 +40,7 @@ __all__ = ["ModelCapture", "math_sdpa", "measure_scaling", "replay_module", "rep
 
 FACTOR = 4  # the larger batch: the batch-size remedy proposes the same factor
 MIN_TIME_S = 0.05  # each timed replay runs at least this long (several calls when they are short)
-ROUNDS = 3  # interleaved rounds (B, kB); the fastest of each
+ROUNDS = 5  # interleaved rounds (B, kB; every other one in reverse order); the fastest of each
 BUDGET_S = 3.0  # about the most the replay may take
 
 
@@ -192,15 +192,18 @@ def measure_scaling(calls: list[_Call], device: torch.device, *,
         run = {b: _replayer(model, *inputs, device) for b, inputs in
                ((batch, small), (batch * factor, large))}
         run["bf16"] = _replayer(model, *small, device, bf16=True)  # the bf16 remedy, measured
-        t0 = time.perf_counter()
-        for fn in run.values():  # warm-up: first-call allocations, oneDNN primitive creation
-            fn()
-        warm = time.perf_counter() - t0  # a heavy model gets fewer rounds (about BUDGET_S)
-        rounds = max(1, min(ROUNDS, int(BUDGET_S / max(warm, MIN_TIME_S))))
+        # warm-up: first-call allocations, oneDNN primitive creation; each one's time decides how
+        # often it is timed again (a CPU without native bf16 may take 100x longer under bf16)
+        warm = {key: _time_once(fn, device) for key, fn in run.items()}
         times: dict[Any, list[float]] = {key: [] for key in run}
-        for _ in range(rounds):
-            for b, fn in run.items():
-                times[b].append(_time(fn, device))
+        pair = [(key, run[key]) for key in (batch, batch * factor)]
+        for i in range(_rounds(warm[batch] + warm[batch * factor])):
+            # ABBA order: a drift of the machine's speed hits both sizes alike
+            for key, fn in (pair if i % 2 == 0 else pair[::-1]):
+                times[key].append(_time(fn, device))
+        for _ in range(_rounds(warm["bf16"]) if warm["bf16"] < BUDGET_S else 0):
+            times["bf16"].append(_time(run["bf16"], device))
+        times["bf16"] = times["bf16"] or [warm["bf16"]]  # too slow to repeat: its one call
     except (RuntimeError, TypeError, ValueError) as err:  # OOM, a shape the model refuses, ...
         first = str(err).strip().splitlines()[0][:200] if str(err).strip() else ""
         return BatchScaling(batch=batch, factor=factor, module=name,
@@ -260,6 +263,19 @@ def math_sdpa(on: bool):
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     return sdpa_kernel(SDPBackend.MATH)
+
+
+def _rounds(warm_s: float) -> int:
+    """How many timed rounds fit BUDGET_S, from the warm-up call's seconds (1 to ROUNDS)."""
+    return max(1, min(ROUNDS, int(BUDGET_S / max(warm_s, MIN_TIME_S))))
+
+
+def _time_once(fn, device: torch.device) -> float:
+    t0 = time.perf_counter()
+    fn()
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return time.perf_counter() - t0
 
 
 def _time(fn, device: torch.device) -> float:

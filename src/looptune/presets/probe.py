@@ -37,6 +37,10 @@ ROUNDS = 9  # interleaved rounds; each candidate's median is compared (a burst o
 ROUND_S = 0.04  # seconds of steps per candidate per round
 _MODES = ("", "1", "on", "yes", "true", "0", "off", "no", "false", "refresh")  # LOOPTUNE_PROBE
 WIN = 0.03  # a candidate replaces the first (the plain choice) only when >= 3% faster
+# a candidate whose warm-up steps took this many times the plain one's is not timed further:
+# it cannot win, and some are very slow (bf16 autocast on a CPU without native bf16 ran a
+# small GPT's step 20-100x slower than fp32 on a Zen 3 VM); its warm-up figure stands for it
+HOPELESS = 2.0
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -47,12 +51,14 @@ class Candidate:
     precision: str = "fp32"
     threads: int | None = None  # None: torch's default (one per core this process may use)
     backward: str = "autograd"  # StepConfig.backward ("mlp", "mlp-cpp": written-out MLP steps)
+    attention: str = "auto"  # StepConfig.attention (the kernel behind sdpa)
 
     @property
     def name(self) -> str:
         threads = "all threads" if self.threads is None else f"{self.threads} thread(s)"
         mlp = f" backward={self.backward}" if self.backward != "autograd" else ""
-        return f"{self.impl} {self.precision} {threads}{mlp}"
+        sdpa = f" attention={self.attention}" if self.attention != "auto" else ""
+        return f"{self.impl} {self.precision} {threads}{mlp}{sdpa}"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -64,10 +70,13 @@ class ProbeResult:
     chosen: Candidate
     measured_at: str  # when (UTC), for the reader of a cached figure
     cached: bool  # read from the cache file rather than measured now
+    warm_only: tuple[str, ...] = ()  # candidates timed in the warm-up round only (HOPELESS)
 
     def evidence(self) -> str:
         first = next(iter(self.seconds.values()))
-        parts = [f"{name} {s * 1e6:.0f} us ({first / s:.2f}x)" for name, s in self.seconds.items()]
+        parts = [f"{name} {s * 1e6:.0f} us ({first / s:.2f}x"
+                 + (f", its warm-up steps only: >= {HOPELESS:g}x the plain one's)"
+                    if name in self.warm_only else ")") for name, s in self.seconds.items()]
         where = "cached from" if self.cached else "measured"
         return (f"probe on this machine ({self.key}; {where} {self.measured_at}, median of "
                 f"{ROUNDS} interleaved rounds): " + ", ".join(parts))
@@ -120,15 +129,20 @@ def probe(*, workload: str, batch_size: int, candidates: list[Candidate],
     hit = entries.get(entry_key)
     if hit and not refresh:
         chosen = Candidate(**hit["chosen"])
-        return ProbeResult(key=key, seconds=hit["seconds"], chosen=chosen, measured_at=hit["measured_at"], cached=True)
-    seconds = _measure(candidates, build_model, loss_fn, make_batch, batch_size, device)
+        return ProbeResult(key=key, seconds=hit["seconds"], chosen=chosen,
+                           measured_at=hit["measured_at"], cached=True,
+                           warm_only=tuple(hit.get("warm_only", ())))
+    seconds, warm_only = _measure(candidates, build_model, loss_fn, make_batch, batch_size,
+                                  device)
     first = candidates[0]
     best = min(candidates, key=lambda c: seconds[c.name])
     chosen = best if seconds[best.name] <= (1 - WIN) * seconds[first.name] else first
     stamp = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
-    entries[entry_key] = {"seconds": seconds, "chosen": chosen.__dict__, "measured_at": stamp}
+    entries[entry_key] = {"seconds": seconds, "chosen": chosen.__dict__, "measured_at": stamp,
+                          "warm_only": list(warm_only)}
     _write_cache(entries)
-    return ProbeResult(key=key, seconds=seconds, chosen=chosen, measured_at=stamp, cached=False)
+    return ProbeResult(key=key, seconds=seconds, chosen=chosen, measured_at=stamp, cached=False,
+                       warm_only=tuple(warm_only))
 
 
 def probed_settings(*, workload: str, batch_size: int, candidates: list[Candidate],
@@ -171,7 +185,9 @@ def cached_probe(**kwargs: Any) -> ProbeResult | None:
     hit = _read_cache().get(_entry_key(key, kwargs["candidates"]))
     if not hit:
         return None
-    return ProbeResult(key=key, seconds=hit["seconds"], chosen=Candidate(**hit["chosen"]), measured_at=hit["measured_at"], cached=True)
+    return ProbeResult(key=key, seconds=hit["seconds"], chosen=Candidate(**hit["chosen"]),
+                       measured_at=hit["measured_at"], cached=True,
+                       warm_only=tuple(hit.get("warm_only", ())))
 
 
 def _entry_key(key: str, candidates: list[Candidate]) -> str:
@@ -179,7 +195,9 @@ def _entry_key(key: str, candidates: list[Candidate]) -> str:
 
 
 def _measure(candidates: list[Candidate], build_model, loss_fn, make_batch, batch_size: int,
-             device: torch.device) -> dict[str, float]:
+             device: torch.device) -> tuple[dict[str, float], list[str]]:
+    """Seconds per step of each candidate (the median of its rounds), and the names of those
+    timed in the warm-up round only (>= HOPELESS x the plain one there)."""
     from looptune.engine.optim import build_optimizer
     from looptune.engine.step import Stepper
 
@@ -194,36 +212,49 @@ def _measure(candidates: list[Candidate], build_model, loss_fn, make_batch, batc
             optimizer, _ = build_optimizer(model.parameters(), OptimConfig(impl=c.impl),
                                            device=device)
             step = Stepper(model=model, optimizer=optimizer, scheduler=None, loss_fn=loss_fn,
-                           cfg=StepConfig(precision=c.precision, backward=c.backward),
+                           cfg=StepConfig(precision=c.precision, backward=c.backward,
+                                          attention=c.attention),
                            device=device)
             torch.set_num_threads(c.threads or default_threads)
             step.prepare(batch_size, x.dtype)  # backward='mlp': its setup, as a run's
             steppers.append(step)
+        warm: dict[str, float] = {}
         for round_ in range(ROUNDS + 1):  # round 0 warms every candidate up, untimed
             for c, step in zip(candidates, steppers):
+                if round_ and warm[c.name] >= HOPELESS * warm[candidates[0].name]:
+                    continue  # far slower than the plain one already: not worth the time
                 torch.set_num_threads(c.threads or default_threads)
-                seconds = _time_steps(step, x, y, device, 0.03 if round_ == 0 else ROUND_S)
+                if round_ == 0:  # one step for first-call costs, then >= 0.03 s or one step
+                    seconds = _time_steps(step, x, y, device, 0.03, warm_steps=1)
+                else:  # a heavy step (>= ROUND_S) needs no more than one step to warm up
+                    seconds = _time_steps(step, x, y, device, ROUND_S,
+                                          warm_steps=3 if warm[c.name] < ROUND_S else 1)
                 if round_:
                     times[c.name].append(seconds)
+                else:
+                    warm[c.name] = seconds
     finally:
         torch.set_num_threads(default_threads)
-    return {name: statistics.median(ts) for name, ts in times.items()}
+    return ({name: statistics.median(ts) if ts else warm[name] for name, ts in times.items()},
+            [name for name, ts in times.items() if not ts])
 
 
 def _time_steps(step, x: torch.Tensor, y: torch.Tensor, device: torch.device,
-                budget_s: float) -> float:
+                budget_s: float, *, warm_steps: int = 3) -> float:
+    """Seconds per step: ``warm_steps`` untimed, then steps until ``budget_s`` have passed (on
+    CUDA checked every 4 steps, so launches stay queued)."""
     def sync() -> None:
         if device.type == "cuda":
             torch.cuda.synchronize(device)  # sync: the timed steps must have finished
 
-    for _ in range(3):
+    for _ in range(warm_steps):
         step(x, y)
     sync()
     t0, n = time.perf_counter(), 0
     while True:
         step(x, y)
         n += 1
-        if n % 4 == 0:
+        if device.type != "cuda" or n % 4 == 0:
             sync()
             elapsed = time.perf_counter() - t0
             if elapsed >= budget_s:
