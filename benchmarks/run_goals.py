@@ -33,6 +33,7 @@ BENCHMARKS: list[tuple[str, list[str]]] = [
     ("switches", ["--data", "{data}", "--device", "cpu"]),
     ("tune_quality", []),
     ("pack_gain", []),
+    ("data_anatomy", []),
     ("scaling", ["--data", "{data}", "--device", "cpu"]),
     ("threads", ["--data", "{data}"]),
     ("cnn_aug", ["--data", "{data}", "--device", "cpu"]),

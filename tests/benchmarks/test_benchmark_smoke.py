@@ -92,6 +92,12 @@ def test_pack_gain_smoke(tmp_path):
     assert "each at its best worker setting" in proc.stdout
 
 
+def test_data_anatomy_smoke():
+    proc = _smoke("data_anatomy.py")
+    assert "| decode | 0 |" in proc.stdout and "| transfer | 2 |" in proc.stdout
+    assert "ms per batch: diagnose storage" in proc.stdout
+
+
 @pytest.mark.integration
 def test_scaling_smoke(mnist_dir):
     proc = _smoke("scaling.py", "--data", str(mnist_dir), "--device", "cpu", timeout=900)
@@ -109,9 +115,12 @@ def test_cnn_aug_smoke(mnist_dir):
 
 def test_char_lm_smoke():
     proc = _smoke("char_lm.py", "--device", "cpu")
-    for needle in ("tokens/s", "bits/byte", "goal >= 2.0x",
-                   "diagnose char_lm.py: verdict "):
+    for needle in ("tokens/s", "bits/byte", "goal >= ", "diagnose char_lm.py: verdict "):
         assert needle in proc.stdout
+    # the 2x goal where fast runs bf16; where this CPU's probe found bf16 slower, the fp32 goal,
+    # said so (benchmarks/char_lm.py)
+    fp32 = "judged at >= 1.05x instead" in proc.stdout
+    assert ("goal >= 1.05x" if fp32 else "goal >= 2.0x") in proc.stdout
     assert "remedy 1: " in proc.stdout and "alone (row baseline+" in proc.stdout
     assert "verdict data_loading" not in proc.stdout
 

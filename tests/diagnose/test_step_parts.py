@@ -107,6 +107,10 @@ def test_verify_of_bf16_reports_loss_parity_next_to_its_speedup(monkeypatch):
     d = looptune.diagnose(str(SCRIPTS / "conv_learns.py"), steps=40, warmup=5, verify="precision")
     v = d.verify
     assert v["kind"] == "precision" and v["applied"]
-    assert v["loss_parity"] is True and v["loss_check"]["steps_compared"] >= 40
+    # judged over the steps both runs made: all 40 where bf16 is fast; the rerun is bounded in
+    # time, so a CPU that emulates bf16 (12 steps on a Zen 3) compares fewer, still >= MIN_STEPS
+    from looptune.measure.parity import MIN_STEPS
+
+    assert v["loss_parity"] is True and v["loss_check"]["steps_compared"] >= MIN_STEPS
     (bf16,) = [r for r in d.remedies if r.kind == "precision"]
     assert bf16.loss_parity is True and bf16.measured_speedup == round(v["speedup"], 2)

@@ -325,7 +325,8 @@ def test_pack_gpt_token_windows_and_train_fast_from_them(corpus, tmp_path):
     got = run(packed)
     assert got.metric_name == "val_loss" and got.higher_is_better is False
     assert 0 < got.metric < LN_VOCAB and got.optimizer_steps == math.ceil(len(x) / 32)
-    assert got.config["step"]["precision"] == "bf16"
+    # bf16 where this CPU's probe found it faster (presets/lm.py), fp32 where not
+    assert got.config["step"]["precision"] == fast.step.precision
     expected = run(ImageData(images=x.contiguous(), labels=y.contiguous()))  # the same windows as tensors
     assert got.epoch_loss == expected.epoch_loss and got.metric == expected.metric
 

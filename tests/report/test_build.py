@@ -126,3 +126,29 @@ def test_saved_json_is_what_is_rendered(tmp_path, samples):
     text = json.dumps(samples["pack-bench"])
     written = build.save_and_render(text, tmp_path / "rep")
     assert written[0].name == "results.json" and written[0].read_text() == text
+
+
+def test_the_input_chain_is_a_section_of_the_page_and_lines_in_the_terminal(render, samples):
+    import dataclasses
+
+    from rich.console import Console
+
+    from looptune.diagnose.result import Diagnosis
+    from looptune.report.diagnose_view import print_diagnosis
+
+    chain = {"cause": "storage", "reason": "12 batches fetched by 2 worker process(es)",
+             "links_ms": {"storage": 3.5, "decode": 1.5, "collate": 0.2, "transfer": 2.2,
+                          "contention": 0.1},
+             "shares": {"storage": 0.47, "decode": 0.2, "collate": 0.03, "transfer": 0.29,
+                        "contention": 0.01}, "note": "no /proc here"}
+    d = dataclasses.replace(Diagnosis.from_dict(samples["diagnosis"]), data_cause="storage",
+                            input_chain=chain)
+    out, _ = render(d.to_dict())
+    page = (out / "report.html").read_text()
+    assert "Input chain" in page and "data cause: storage" in page and "3.500" in page
+    assert "Not seen: no /proc here" in page
+    console = Console(width=200, record=True)
+    print_diagnosis(d, console)
+    text = console.export_text()
+    assert "data cause: storage: storage 3.500 ms, decode 1.500 ms" in text
+    assert "not seen: no /proc here" in text

@@ -68,6 +68,12 @@ class Diagnosis:
     # every step's loss from the first (warm-up included; None where none was seen): the loss
     # the step's backward started from, the mean over its backward calls
     losses: list[float | None] = field(default_factory=list)
+    # when the bottleneck is data_loading: the link of the input chain that starves the step
+    # ("storage" | "decode" | "collate" | "transfer" | "contention"), and the chain's numbers
+    # (per-batch ms of each link, shares, bytes from storage vs the page cache; "note": what was
+    # not seen). See diagnose/rules/chain.py
+    data_cause: str | None = None
+    input_chain: dict[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         return {"kind": KIND, **dataclasses.asdict(self)}

@@ -23,7 +23,8 @@ import torch
 
 from looptune.diagnose import env as env_probe
 from looptune.diagnose.collectives import RankWaits, launched_rank
-from looptune.measure.records import BatchScaling, Measurements, UpdateReplay, WorkerRead
+from looptune.measure.records import (
+    BatchScaling, ChainTotals, Measurements, UpdateReplay, WorkerRead)
 from looptune.diagnose.predecode import gather_seconds
 from looptune.diagnose.result import MAX_WARMUP_STEPS, Diagnosis
 from looptune.diagnose.apply import framework_precision, overridden_optimizer, per_forward_autocast
@@ -43,6 +44,7 @@ from looptune.diagnose.verify import (
     RERUNNABLE, apply_measured, parse_loader_action, verify_remedy)
 from looptune.diagnose.worker_read import measure_worker_read
 from looptune.errors import ConfigError, MeasurementError
+from looptune.measure.input_chain import InputChainProbes
 from looptune.measure.memory import PeakMemory
 from looptune.measure.probes import StepProbes, StopScript
 from looptune.measure.provenance import provenance
@@ -142,9 +144,11 @@ def _run_once(target, args, *, module, steps, warmup, seconds, trace_dir,
                         first_step_timeout_s=first_step_timeout)
     if scale:
         time_model_in_step(schedule, probes)
+    chain, marks = InputChainProbes(), {}
+    schedule.on_measuring = lambda: marks.setdefault("start", chain.snapshot())
     error, oom, exit_code = None, False, 0
     t0 = time.perf_counter()
-    with (script_env(target, args, module) as run, probes, waits,
+    with (script_env(target, args, module) as run, probes, chain, waits,
           overridden_loaders(loader_overrides),
           _remedy_applied(device, autocast, framework, optimizer) as applied):
         try:
@@ -165,6 +169,7 @@ def _run_once(target, args, *, module, steps, warmup, seconds, trace_dir,
             exit_code = 1  # as python's own exit code for an uncaught exception
         finally:
             schedule.close()
+            marks["end"] = chain.snapshot()  # before the replays below read the loader again
         # the model replayed at B and 4B: inside the script's environment (its threads)
         probes.paused = True  # the replay's own backward calls are no steps of the script
         probes.untime_model()
@@ -180,7 +185,9 @@ def _run_once(target, args, *, module, steps, warmup, seconds, trace_dir,
         probes.optimizer = None  # the script's model and optimizer are not kept past the run
     seen = Seen(elapsed_s=time.perf_counter() - t0, batches=probes.drawn,
                 loaders=len(probes.loaders), stopped=schedule.stopped, exit_code=exit_code)
+    totals, note = _chain(chain, marks, probes)
     return _collect(schedule, probes, error=error, oom=oom, device=device, waits=waits.per_step,
+                    input_chain=totals, input_chain_note=note,
                     threads=threads[0] if threads else None, seen=seen, scaling=scaling,
                     worker_read=read, gather_s=gather, update=update, applied=applied[0])
 
@@ -228,7 +235,26 @@ def _worker_read(probes: StepProbes) -> WorkerRead:
 
 
 
+def _chain(chain: InputChainProbes, marks: dict[str, Any],
+           probes: StepProbes) -> tuple[ChainTotals | None, str | None]:
+    """The input chain over the measured steps, and what of it was not seen."""
+    if "start" not in marks:
+        return None, "the script ended before the measured steps: no input chain"
+    totals = chain.totals(marks["start"], marks["end"])
+    notes = []
+    workers = max((info.num_workers for info in probes.loaders.values()), default=0)
+    if workers and not totals.workers:
+        notes.append(f"the DataLoader's {workers} worker(s) were not seen (started before "
+                     "diagnose attached, or by a start method other than fork): their fetch, "
+                     "collate and storage figures are missing")
+    if not totals.proc:
+        notes.append("no /proc here (Linux only): the wait for a CPU and the bytes read from "
+                      "storage are not measured; blocked time counts as storage")
+    return totals, "; ".join(notes) or None
+
+
 def _collect(schedule: MeasurementWindow, probes: StepProbes, *, error, oom, device,
+             input_chain: ChainTotals | None = None, input_chain_note: str | None = None,
              waits: list[float] | None = None, threads: int | None = None,
              seen: Seen | None = None, scaling: BatchScaling | None = None,
              worker_read: WorkerRead | None = None, gather_s: float | None = None,
@@ -265,7 +291,7 @@ def _collect(schedule: MeasurementWindow, probes: StepProbes, *, error, oom, dev
         env=env_probe.environment(device, threads, capacity=bool(probes.loaders)),
         batch_scaling=with_in_step(scaling, measured, device), worker_read=worker_read,
         gather_s=gather_s, update=update, zero_grad_kept=probes.zero_grad_kept,
-        framework=probes.framework)
+        framework=probes.framework, input_chain=input_chain, input_chain_note=input_chain_note)
     wait_s = None if waits is None or len(waits) != len(samples) else waits[window]
     before = samples[:window.start][-MAX_WARMUP_STEPS:]
     return _ScriptRun(
@@ -379,7 +405,8 @@ def _diagnosis(*, target, args, module, steps, run: _ScriptRun, verdict, checked
         world_size=None if rank is None else world,
         wait_s=run.wait_s, data_wait_step_s=run.data_wait_s, warmup_step_s=run.warmup_step_s or [],
         exit_code=run.exit_code, step_signal=run.step_signal, part_ms=verdict.part_ms,
-        part_shares=verdict.part_shares, losses=run.losses)
+        part_shares=verdict.part_shares, losses=run.losses, data_cause=verdict.data_cause,
+        input_chain=verdict.input_chain)
 
 
 class watch:
@@ -421,6 +448,10 @@ class watch:
                                            seconds=None, trace_dir=None, device=device)
         self._probes = StepProbes(on_step=self._schedule.on_step,
                                   on_restart=self._schedule.restart).__enter__()
+        # workers forked inside the block are seen; a framework's loader started before is not
+        self._chain, self._marks = InputChainProbes().__enter__(), {}
+        self._schedule.on_measuring = lambda: self._marks.setdefault(
+            "start", self._chain.snapshot())
         time_model_in_step(self._schedule, self._probes)
         self._schedule.begin()
         return self
@@ -428,6 +459,8 @@ class watch:
     def __exit__(self, exc_type, exc, tb) -> bool:
         self._probes.__exit__(exc_type, exc, tb)
         self._schedule.close()
+        self._marks["end"] = self._chain.snapshot()
+        self._chain.__exit__(exc_type, exc, tb)
         stopped = exc_type is StopScript  # the step limit ended the block: not an error
         error = None if exc is None or stopped else f"{exc_type.__name__}: {exc}"
         if error:
@@ -438,8 +471,10 @@ class watch:
         scaling = measure_scaling(self._schedule.captured, device)  # the model at B and 4B
         read = _worker_read(self._probes) if self._probes.loaders else None
         gather = _gather_s(self._probes) if self._probes.loaders else None
+        totals, note = _chain(self._chain, self._marks, self._probes)
         run = _collect(self._schedule, self._probes, error=error, oom=False, device=device,
-                       scaling=scaling, worker_read=read, gather_s=gather)
+                       scaling=scaling, worker_read=read, gather_s=gather, input_chain=totals,
+                       input_chain_note=note)
         self.diagnosis = _diagnosis(target=self.label, args=(), module=False,
                                     steps=self.steps or UNBOUNDED, run=run,
                                     verdict=analyze(run.measurements), checked=None)

@@ -16,6 +16,7 @@ from looptune.diagnose.rules.compute import compute_remedies
 from looptune.diagnose.rules.findings import findings
 from looptune.diagnose.rules.loading import contested, data_remedies, h2d_remedies, loader_bottleneck
 from looptune.diagnose.rules.memory import mem_fraction, memory_evidence, memory_remedies
+from looptune.diagnose.rules.chain import chain_remedies, data_cause, step_contention
 from looptune.diagnose.rules.overhead import (
     compute_or_overhead, overhead_remedies, overhead_share, sync_remedies)
 from looptune.diagnose.rules.profile import StepProfile, amdahl, largest_phase, step_profile
@@ -63,15 +64,22 @@ def analyze(m: Measurements) -> Verdict:
         evidence = {**memory_ev, "timing_bottleneck": timing, "timing": evidence}
         bottleneck = "memory"
     parts = _step_parts(p)
+    cause = data_cause(m)
+    chain = {} if cause is None else cause[1]
+    if m.input_chain_note:
+        chain = {**chain, "note": m.input_chain_note}
+    data_bound = timing == "data_loading" and cause is not None
     return Verdict(
         bottleneck=bottleneck, shares=dict(p.shares), step_ms=round(p.step_s * 1e3, 4),
         phase_ms={k: round(v * 1e3, 4) for k, v in p.phase_s.items()},
         evidence={**_common_evidence(m, p), **evidence},
-        findings=findings(m, p, bottleneck),
-        remedies=_remedies(m, p, bottleneck=bottleneck, timing=timing),
+        findings=findings(m, p, bottleneck) + [f for f in [step_contention(m)] if f],
+        remedies=_remedies(m, p, bottleneck=bottleneck, timing=timing,
+                           cause=cause if data_bound else None),
         part_ms={k: round(v * 1e3, 4) for k, v in parts.items()},
         part_shares={k: round(v / p.step_s, 4) if p.step_s > 0 else 0.0
-                     for k, v in parts.items()})
+                     for k, v in parts.items()},
+        data_cause=cause[0] if data_bound else None, input_chain=chain)
 
 
 def _step_parts(p: StepProfile) -> dict[str, float]:
@@ -110,9 +118,12 @@ def _timing_bottleneck(m: Measurements, p: StepProfile) -> tuple[str, dict[str, 
     return name, ev if why is None else {**ev, "contested": why}
 
 
-def _remedies(m: Measurements, p: StepProfile, *, bottleneck: str, timing: str) -> list[Remedy]:
+def _remedies(m: Measurements, p: StepProfile, *, bottleneck: str, timing: str,
+              cause: tuple[str, dict[str, Any]] | None = None) -> list[Remedy]:
     speedups = (data_remedies(m, p) + sync_remedies(p) + h2d_remedies(p)
                 + update_remedies(m, p.part_s, p.step_s))
+    if cause is not None:  # the starving link's own remedies
+        speedups += chain_remedies(m, p, *cause)
     if timing == "overhead":
         speedups += overhead_remedies(m, p, memory_bound=bottleneck == "memory")
     elif timing == "compute":

@@ -43,6 +43,7 @@ class MeasurementWindow:
     memory: PeakMemory | None = None
     captured: list[Any] = field(default_factory=list)  # the FLOP step's outermost module calls
     on_captured: Callable[[list[Any]], None] | None = None  # called with them, once captured
+    on_measuring: Callable[[], None] | None = None  # called when the measured steps begin
     _flop_mode: Any = None
     _capture: Any = None
     _op_names: Any = None
@@ -65,6 +66,8 @@ class MeasurementWindow:
         if n == w + 1 + self._trace_steps():
             self._stop_trace()
             self.first_measured, self._t_measure = n, time.perf_counter()
+            if self.on_measuring is not None:
+                self.on_measuring()
             self.memory = PeakMemory(self.device)
             self.memory.start()
         self._maybe_stop(n)

@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
-__all__ = ["PHASES", "BatchScaling", "Environment", "LoaderInfo", "Measurements", "Phase",
+__all__ = ["PHASES", "BatchScaling", "ChainTotals", "Environment", "LoaderInfo", "Measurements", "Phase",
            "StepSample", "UpdateReplay", "WorkerRead"]
 
 # the phases one step's wall time is split into (they sum to the step time)
@@ -126,6 +126,52 @@ class WorkerRead:
 
 
 @dataclass(frozen=True, kw_only=True)
+class ChainTotals:
+    """The input chain inside the data wait (:mod:`looptune.measure.input_chain`): sums between
+    the measurement window's start and end over the processes that fetched (seconds, bytes)."""
+
+    batches: int
+    workers: int  # worker processes that fetched at least one batch
+    main_batches: int  # batches fetched by the main process itself (num_workers=0)
+    fetch_s: float  # wall time in the dataset
+    fetch_cpu_s: float  # of which the fetching thread ran on a CPU
+    fetch_runq_s: float  # of which it was runnable, waiting for a CPU
+    read_bytes: float  # bytes the storage device delivered to the fetching threads
+    rchar: float  # bytes they read, page cache included
+    collate_s: float
+    collate_cpu_s: float
+    other_cpu_s: float  # the workers' other threads (the feeder thread pickling batches)
+    receive_s: float  # main process: CPU receiving + unpickling batches
+    receives: int
+    pin_s: float  # main process: CPU in the pin-memory step
+    pins: int
+    main_run_s: float  # the main process's threads (the training step's) on a CPU
+    main_runq_s: float  # ... runnable, waiting for a CPU
+    proc: bool  # /proc was readable: the waits for a CPU and the bytes are measured
+
+    def per_batch(self, seconds: float) -> float:
+        return seconds / self.batches if self.batches else 0.0
+
+    @property
+    def blocked_s(self) -> float:
+        """Fetch time neither on a CPU nor waiting for one: storage (or a lock, a sleep)."""
+        return max(0.0, self.fetch_s - self.fetch_cpu_s - self.fetch_runq_s)
+
+    @property
+    def links_s(self) -> dict[str, float]:
+        """Seconds per batch of each link of the chain (worker seconds: with several workers
+        they overlap each other): storage (blocked in the dataset), decode (the dataset on a
+        CPU), collate, transfer (pickling in the worker, receiving + unpickling and pinning in
+        the main process) and contention (fetch and collate waiting for a CPU)."""
+        return {"storage": self.per_batch(self.blocked_s),
+                "decode": self.per_batch(self.fetch_cpu_s),
+                "collate": self.per_batch(self.collate_cpu_s),
+                "transfer": self.per_batch(self.other_cpu_s + self.receive_s + self.pin_s),
+                "contention": self.per_batch(self.fetch_runq_s
+                                             + max(0.0, self.collate_s - self.collate_cpu_s))}
+
+
+@dataclass(frozen=True, kw_only=True)
 class UpdateReplay:
     """The script's optimizer step replayed after the script stopped, on copies of its own
     parameters and gradients, under each implementation its class offers
@@ -172,6 +218,8 @@ class Measurements:
     # samples (diagnose/predecode.py): what the pre-decode remedy leaves of the data wait
     gather_s: float | None = None
     update: UpdateReplay | None = None  # the optimizer step replayed per implementation
+    input_chain: ChainTotals | None = None  # the links inside the data wait, measured
+    input_chain_note: str | None = None  # why the chain was not (wholly) seen
     zero_grad_kept: bool = False  # the script called zero_grad(set_to_none=False)
     # the training framework whose code called optimizer.step ("transformers",
     # "lightning.pytorch", "lightning.fabric", "accelerate"); None: the script's own loop

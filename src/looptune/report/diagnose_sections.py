@@ -61,6 +61,8 @@ def sections(d: Diagnosis, prefix: str = "", files: str = "") -> list[Section]:
            Section(f"{prefix}Evidence", [key_values({**d.evidence, "peak memory":
                                                      f"{format_bytes(d.peak_mem_bytes)} "
                                                      f"({d.peak_mem_kind})"})])]
+    if d.input_chain:
+        out.append(_input_chain(d, prefix))
     if d.findings:
         out.append(Section(f"{prefix}Findings",
                            [Bullets([f"[{f.severity}] {f.message}" for f in d.findings])]))
@@ -70,6 +72,23 @@ def sections(d: Diagnosis, prefix: str = "", files: str = "") -> list[Section]:
     if not prefix:
         out.append(provenance_section(d.provenance))
     return out
+
+
+def _input_chain(d: Diagnosis, prefix: str) -> Section:
+    """Inside the data wait: each link's ms per batch and share, the cause, what was not seen."""
+    c = d.input_chain
+    parts: list[Any] = []
+    if c.get("links_ms"):
+        head = (f"data cause: {d.data_cause}" if d.data_cause
+                else f"not the bottleneck; largest link: {c['cause']}")
+        parts.append(Callout(head))
+        parts.append(Table(["link", "ms per batch", "share of the chain"],
+                           [[k, f"{v:.3f}", f"{100 * c['shares'][k]:.1f}%"]
+                            for k, v in c["links_ms"].items()], right={1, 2}))
+        parts.append(Text(c["reason"]))
+    if c.get("note"):
+        parts.append(Text(f"Not seen: {c['note']}"))
+    return Section(f"{prefix}Input chain", parts)
 
 
 def _breakdown_table(d: Diagnosis) -> Table:

@@ -46,6 +46,8 @@ def print_diagnosis(d: Diagnosis, console: Console) -> None:
         console.print(f"  {key}: {_fmt(value)}", highlight=False, markup=False)
     console.print(f"  peak memory: {format_bytes(d.peak_mem_bytes)} ({d.peak_mem_kind})",
                   highlight=False, markup=False)
+    for line in chain_lines(d):
+        console.print(line, highlight=False, markup=False)
     if d.error:
         console.print(f"[red]the script raised:[/red] {escape(d.error)}", highlight=False)
     if d.steps_requested is not None and d.steps_measured < d.steps_requested:
@@ -62,6 +64,24 @@ def print_diagnosis(d: Diagnosis, console: Console) -> None:
     if d.trace:
         _print_list(console, "trace", [f"{d.trace['chrome_trace']} (open with {d.trace['open_with']})"])
         console.print(d.trace["top_ops"], highlight=False, markup=False)
+
+
+def chain_lines(d: Diagnosis) -> list[str]:
+    """The input chain inside the data wait: the cause (when the step waits for data) and each
+    link's ms per batch; what was not seen."""
+    c = d.input_chain
+    if not c:
+        return []
+    lines = []
+    if c.get("links_ms"):
+        head = (f"data cause: {d.data_cause}" if d.data_cause
+                else f"input chain (not the bottleneck; largest link {c['cause']})")
+        lines.append(f"  {head}: " + ", ".join(f"{k} {v:.3f} ms" for k, v in c["links_ms"].items())
+                     + " per batch")
+        lines.append(f"    {c['reason']}")
+    if c.get("note"):
+        lines.append(f"    not seen: {c['note']}")
+    return lines
 
 
 def verify_lines(v: dict) -> list[str]:

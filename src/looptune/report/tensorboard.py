@@ -57,6 +57,8 @@ def write_diagnosis(d: Diagnosis, log_dir: str | os.PathLike) -> Path:
 def _verdict_markdown(d: Diagnosis) -> str:
     lines = [f"**bottleneck: {d.bottleneck}** ({d.script}; {d.steps_measured} steps, median "
              f"{d.step_ms:.2f} ms)", "", str(d.evidence.get("reason", "")), ""]
+    if d.data_cause:
+        lines += [f"**data cause: {d.data_cause}**: {d.input_chain.get('reason', '')}", ""]
     lines += [f"{i}. {r.action} (up to {r.expected_speedup:.2f}x): {r.reason}"
               for i, r in enumerate(d.remedies, 1)]
     lines += [f"- [{f.severity}] {f.message}" for f in d.findings]

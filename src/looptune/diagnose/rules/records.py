@@ -47,3 +47,8 @@ class Verdict:
     # lr_scheduler), and each of those optimizer parts the step ran as "optimizer.<part>"
     part_ms: dict[str, float] = field(default_factory=dict)
     part_shares: dict[str, float] = field(default_factory=dict)  # the same, as shares of the step
+    # when the step waits for data: which link of the input chain starves it (rules/chain.py):
+    # "storage" | "decode" | "collate" | "transfer" | "contention"; None: not data-bound, or the
+    # chain was not seen; input_chain: its numbers (per-batch ms per link, shares, bytes)
+    data_cause: str | None = None
+    input_chain: dict[str, Any] = field(default_factory=dict)

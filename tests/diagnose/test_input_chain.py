@@ -1,0 +1,155 @@
+"""Inside the data wait, end to end: the planted causes of tests/diagnose/scripts/input_chain.py
+run unchanged under diagnose, each named as its cause, its link checked against the same work
+timed alone (an independent measurement), and the probes themselves (measure.input_chain) on a
+real DataLoader: nothing changes for the dataset, everything is restored after."""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from torch.utils.data import DataLoader, Dataset
+
+import looptune
+from looptune.measure.input_chain import InputChainProbes, proc_available
+
+SCRIPT = Path(__file__).with_name("scripts") / "input_chain.py"
+BATCH = 8
+
+
+def run(cause: str, workers: int = 0, steps: int = 12):
+    return looptune.diagnose(str(SCRIPT), ["--cause", cause, "--workers", str(workers)],
+                             steps=steps, warmup=3)
+
+
+def _burn(n):  # the scripts' own unit of work, timed alone here
+    acc = 0
+    for k in range(n):
+        acc += k * k % 7
+    return acc
+
+
+def _alone_ms(n: int, repeats: int = 20) -> float:
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        _burn(n)
+        times.append(time.perf_counter() - t0)
+    return 1e3 * sorted(times)[len(times) // 2]
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_cpu_heavy_dataset_is_decode_and_its_link_is_the_dataset_timed_alone(workers):
+    d = run("decode", workers)
+    assert d.bottleneck == "data_loading" and d.data_cause == "decode", d.input_chain
+    c = d.input_chain
+    assert c["workers"] == workers
+    alone = BATCH * _alone_ms(12_000)  # 8 samples of the same work, timed in this process
+    assert 0.6 * alone <= c["links_ms"]["decode"] <= 1.8 * alone, (c["links_ms"], alone)
+    assert c["shares"]["decode"] == max(c["shares"].values())
+
+
+@pytest.mark.skipif(not proc_available(), reason="storage reads are counted from /proc (Linux)")
+def test_cold_reads_are_storage_and_the_bytes_came_from_the_device():
+    d = run("storage", 2)
+    assert d.bottleneck == "data_loading" and d.data_cause == "storage", d.input_chain
+    c = d.input_chain
+    # 8 files of 256 KiB per batch, each read cold: ~2 MiB from the device (a few pages of
+    # read-ahead or a page kept warm either way)
+    assert 1.5 <= c["read_mib_per_batch"] <= 2.5, c
+    assert any(r.kind == "chain_storage" for r in d.remedies)
+
+
+def test_a_heavy_collate_fn_is_collate():
+    d = run("collate", 0)
+    assert d.bottleneck == "data_loading" and d.data_cause == "collate", d.input_chain
+    alone = _alone_ms(70_000)
+    assert 0.6 * alone <= d.input_chain["links_ms"]["collate"] <= 1.8 * alone
+    assert any(r.kind == "chain_collate" for r in d.remedies)
+
+
+def test_large_numpy_batches_from_workers_are_transfer():
+    d = run("transfer", 2)
+    assert d.bottleneck == "data_loading" and d.data_cause == "transfer", d.input_chain
+    c = d.input_chain
+    assert c["receive_ms"] > 0 and c["worker_pickle_ms"] > 0
+    (r,) = [r for r in d.remedies if r.kind == "chain_transfer"]
+    assert "return tensors" in r.action and "num_workers=0" in r.action
+
+
+@pytest.mark.skipif(not proc_available(), reason="waits for a CPU are read from /proc (Linux)")
+def test_more_busy_workers_than_cores_is_contention():
+    cores = len(os.sched_getaffinity(0))
+    d = run("contention", 2 * cores + 1)
+    assert d.input_chain["cause"] == "contention", d.input_chain
+    if d.bottleneck == "data_loading":  # the wait starves the step: the cause and its remedy
+        assert d.data_cause == "contention"
+        (r,) = [r for r in d.remedies if r.kind == "chain_contention"]
+        assert f"{2 * cores + 1} worker(s) on" in r.action
+    else:  # the step's own threads lost the cores instead: said as a finding
+        assert any(f.name == "step_contention" for f in d.findings), d.findings
+
+
+class _Recorder(Dataset):
+    """Returns its index; counts calls in this process (the probes must not add any)."""
+
+    calls = 0
+
+    def __len__(self):
+        return 64
+
+    def __getitem__(self, i):
+        _Recorder.calls += 1
+        return torch.tensor([float(i)])
+
+
+def test_the_probes_count_every_batch_change_nothing_and_are_removed_after():
+    from multiprocessing.reduction import ForkingPickler
+
+    from torch.utils.data._utils import fetch, pin_memory
+
+    before = (fetch._MapDatasetFetcher.fetch, ForkingPickler.__dict__["loads"],
+              pin_memory.pin_memory)
+    with InputChainProbes() as chain:
+        start = chain.snapshot()
+        plain = [b for b in DataLoader(_Recorder(), batch_size=8)]
+        workers = [b for b in DataLoader(_Recorder(), batch_size=8, num_workers=2)]
+        totals = chain.totals(start, chain.snapshot())
+    assert (fetch._MapDatasetFetcher.fetch, ForkingPickler.__dict__["loads"],
+            pin_memory.pin_memory) == before
+    assert [b.tolist() for b in plain] == [b.tolist() for b in workers]  # same batches
+    assert totals.batches == 16 and totals.main_batches == 8 and totals.workers == 2
+    assert totals.receives >= 8 and totals.fetch_s > 0 and totals.collate_s > 0
+
+
+def test_a_dataset_error_is_the_scripts_own():
+    class Broken(Dataset):
+        def __len__(self):
+            return 4
+
+        def __getitem__(self, i):
+            raise KeyError(f"sample {i} is missing")
+
+    with InputChainProbes(), pytest.raises(KeyError, match="sample 0 is missing"):
+        next(iter(DataLoader(Broken(), batch_size=2)))
+
+
+def test_numpy_batches_are_received_and_unpickled_in_the_main_process():
+    class Arrays(Dataset):
+        def __len__(self):
+            return 16
+
+        def __getitem__(self, i):
+            return np.full(4096, i, dtype=np.float32)
+
+    with InputChainProbes() as chain:
+        start = chain.snapshot()
+        got = list(DataLoader(Arrays(), batch_size=4, num_workers=1,
+                              collate_fn=lambda b: np.stack(b)))
+        totals = chain.totals(start, chain.snapshot())
+    assert len(got) == 4 and totals.workers == 1 and totals.receives >= 4
+    assert totals.receive_s > 0
