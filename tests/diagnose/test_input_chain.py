@@ -42,14 +42,26 @@ def _alone_ms(n: int, repeats: int = 20) -> float:
     return 1e3 * sorted(times)[len(times) // 2]
 
 
+def _near_alone(link: str, n: int, samples: int, run_it):
+    """The ``link``'s ms per batch within [0.5, 2.5] x the same work timed alone, timed before and after the
+    run: this VM's speed drifts by up to 2x for seconds (CPU time too: a stolen tick is charged
+    to the thread that had it), so the band is wide; a link counted twice, or not at all, or in
+    another link still falls outside it."""
+    before = samples * _alone_ms(n)
+    d = run_it()
+    after = samples * _alone_ms(n)
+    ms = d.input_chain["links_ms"][link]
+    assert 0.5 * min(before, after) <= ms <= 2.5 * max(before, after), (ms, before, after)
+    return d
+
+
 @pytest.mark.parametrize("workers", [0, 2])
 def test_a_cpu_heavy_dataset_is_decode_and_its_link_is_the_dataset_timed_alone(workers):
-    d = run("decode", workers)
+    # 8 samples of the same work per batch, timed in this process
+    d = _near_alone("decode", 12_000, BATCH, lambda: run("decode", workers))
     assert d.bottleneck == "data_loading" and d.data_cause == "decode", d.input_chain
     c = d.input_chain
     assert c["workers"] == workers
-    alone = BATCH * _alone_ms(12_000)  # 8 samples of the same work, timed in this process
-    assert 0.6 * alone <= c["links_ms"]["decode"] <= 1.8 * alone, (c["links_ms"], alone)
     assert c["shares"]["decode"] == max(c["shares"].values())
 
 
@@ -65,10 +77,8 @@ def test_cold_reads_are_storage_and_the_bytes_came_from_the_device():
 
 
 def test_a_heavy_collate_fn_is_collate():
-    d = run("collate", 0)
+    d = _near_alone("collate", 70_000, 1, lambda: run("collate", 0))
     assert d.bottleneck == "data_loading" and d.data_cause == "collate", d.input_chain
-    alone = _alone_ms(70_000)
-    assert 0.6 * alone <= d.input_chain["links_ms"]["collate"] <= 1.8 * alone
     assert any(r.kind == "chain_collate" for r in d.remedies)
 
 
@@ -78,7 +88,9 @@ def test_large_numpy_batches_from_workers_are_transfer():
     c = d.input_chain
     assert c["receive_ms"] > 0 and c["worker_pickle_ms"] > 0
     (r,) = [r for r in d.remedies if r.kind == "chain_transfer"]
-    assert "return tensors" in r.action and "num_workers=0" in r.action
+    assert "return tensors" in r.action
+    # fetch is cheap here: no workers at all (from this rule or the workers rule, listed once)
+    assert [r.action for r in d.remedies].count("DataLoader(num_workers=0)") == 1
 
 
 @pytest.mark.skipif(not proc_available(), reason="waits for a CPU are read from /proc (Linux)")
@@ -89,7 +101,8 @@ def test_more_busy_workers_than_cores_is_contention():
     if d.bottleneck == "data_loading":  # the wait starves the step: the cause and its remedy
         assert d.data_cause == "contention"
         (r,) = [r for r in d.remedies if r.kind == "chain_contention"]
-        assert f"{2 * cores + 1} worker(s) on" in r.action
+        assert r.action == f"DataLoader(num_workers={cores - 1})"
+        assert f"{2 * cores + 1} worker(s) and the step on {cores} core(s)" in r.reason
     else:  # the step's own threads lost the cores instead: said as a finding
         assert any(f.name == "step_contention" for f in d.findings), d.findings
 
@@ -153,3 +166,20 @@ def test_numpy_batches_are_received_and_unpickled_in_the_main_process():
         totals = chain.totals(start, chain.snapshot())
     assert len(got) == 4 and totals.workers == 1 and totals.receives >= 4
     assert totals.receive_s > 0
+
+
+def test_without_proc_the_split_that_can_be_measured_is_kept_and_the_rest_named(monkeypatch):
+    from looptune.diagnose.runner import _chain
+    from looptune.measure import input_chain
+
+    monkeypatch.setattr(input_chain, "_SCHEDSTAT", "/nonexistent/schedstat")  # as on macOS
+    assert not input_chain.proc_available()
+    with InputChainProbes() as chain:
+        start = chain.snapshot()
+        list(DataLoader(_Recorder(), batch_size=8))
+        totals = chain.totals(start, chain.snapshot())
+    assert not totals.proc and totals.batches == 8 and totals.fetch_s > 0
+    assert totals.fetch_runq_s == 0 and totals.read_bytes == 0
+    probes = type("P", (), {"loaders": {}})()
+    _, note = _chain(chain, {"start": start, "end": chain.snapshot()}, probes)
+    assert "no /proc here" in note and "not measured" in note

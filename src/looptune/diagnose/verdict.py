@@ -64,7 +64,7 @@ def analyze(m: Measurements) -> Verdict:
         evidence = {**memory_ev, "timing_bottleneck": timing, "timing": evidence}
         bottleneck = "memory"
     parts = _step_parts(p)
-    cause = data_cause(m)
+    cause = data_cause(m, p)
     chain = {} if cause is None else cause[1]
     if m.input_chain_note:
         chain = {**chain, "note": m.input_chain_note}
@@ -133,6 +133,8 @@ def _remedies(m: Measurements, p: StepProfile, *, bottleneck: str, timing: str,
                                                   memory_bound=bottleneck == "memory")] if r]
     kept = [r for r in speedups if r.expected_speedup >= MIN_SPEEDUP]
     ranked = sorted(kept, key=_rank_key)  # stable: ties keep rule order
+    seen: set[str] = set()  # two rules reaching the same action: the higher-ranked one speaks
+    ranked = [r for r in ranked if not (r.action in seen or seen.add(r.action))]
     return (memory_remedies(m, p) if bottleneck == "memory" else []) + ranked
 
 

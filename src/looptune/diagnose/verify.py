@@ -46,7 +46,8 @@ SHORT = 0.7  # a measured gain below this share of the promised bound is reporte
 # run reached against time (its time to the original's final loss); bf16 must also train like the
 # original over the same steps (loss parity)
 CHANGES_TRAINING = ("batch", "precision")
-RERUNNABLE = ("loader", "batch", "tensorized", "precision", "optimizer")
+RERUNNABLE = ("loader", "batch", "tensorized", "precision", "optimizer", "chain_contention",
+              "chain_no_workers")
 _IMPL_OF = {"fused=True": "fused", "foreach=True": "foreach", "foreach=False": "for-loop"}
 
 
@@ -64,7 +65,8 @@ def _how(remedy: Remedy, batch: int | None, decode_s: float | None = None
     ``framework``, ``optimizer``); None: not from outside. autocast: ``"bf16"``, or
     ``"bf16+math-sdpa"`` when the remedy pins scaled_dot_product_attention's math kernel too (as
     its bound was measured: the CPU flash kernel's bf16 backward is slow)."""
-    if remedy.kind == "loader" and remedy.action.startswith("DataLoader("):
+    if remedy.kind in ("loader", "chain_contention", "chain_no_workers") and \
+            remedy.action.startswith("DataLoader("):
         return {"loader_overrides": parse_loader_action(remedy.action)}
     if remedy.kind == "batch" and batch and remedy.action.startswith(f"batch_size {batch} -> "):
         new = int(remedy.action.split("->", 1)[1].split()[0])

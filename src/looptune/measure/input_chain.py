@@ -49,13 +49,16 @@ __all__ = ["FIELDS", "InputChainProbes", "proc_available"]
 
 FIELDS = ("pid", "batches", "fetch_s", "fetch_cpu_s", "fetch_runq_s", "read_bytes", "rchar",
           "collate_s", "collate_cpu_s", "other_cpu_s", "first_other_cpu_s", "sampled_fetch_s")
-_F = {name: i for i, name in enumerate(FIELDS)}
+(_BATCHES, _FETCH, _FETCH_CPU, _RUNQ, _READ, _RCHAR, _COLLATE, _COLLATE_CPU, _OTHER,
+ _OTHER_FIRST, _SAMPLED) = range(1, len(FIELDS))
 SLOTS = 256  # processes that can fetch during one diagnose (workers of every loader, the main)
 # /proc is read around every fetch that took at least SAMPLE_ALL_S last time, else around one in
 # SAMPLE_EVERY (two reads cost ~6 us: a fast in-memory fetch of ~300 us would pay 2%); the
 # sampled waits and bytes are scaled by the fetch time they cover
 SAMPLE_ALL_S = 0.0005
 SAMPLE_EVERY = 16
+# each process sums its figures in a plain list; a worker copies it to the shared table after
+# each fetch (one slice write), the main process when it reads the table
 _SCHEDSTAT = "/proc/thread-self/schedstat"
 _IO = "/proc/thread-self/io"
 
@@ -158,19 +161,16 @@ class InputChainProbes:
                 slot = -1  # full: this process is not seen
         self._slot_pid, self._slot, self._thread = pid, slot, _Thread()
         self._fetches, self._last_fetch_s = 0, 0.0
-        if slot >= 0:
-            self._set(slot, first_other_cpu_s=time.process_time() - time.thread_time())
+        self._acc = [0.0] * len(FIELDS)  # this process's running sums (pid first)
+        self._acc[0] = pid
+        self._acc[_OTHER_FIRST] = time.process_time() - time.thread_time()
         return slot
 
-    def _add(self, slot: int, **values: float) -> None:
-        base = slot * len(FIELDS)
-        for name, value in values.items():
-            self._table[base + _F[name]] += value
-
-    def _set(self, slot: int, **values: float) -> None:
-        base = slot * len(FIELDS)
-        for name, value in values.items():
-            self._table[base + _F[name]] = value
+    def _flush(self) -> None:
+        """Copy this process's sums into its row of the shared table."""
+        if self._slot >= 0 and self._slot_pid == os.getpid():
+            n = len(FIELDS)
+            self._table[self._slot * n:(self._slot + 1) * n] = self._acc
 
     def _timed_fetch(self, original: Callable) -> Callable:
         chain = self
@@ -194,12 +194,20 @@ class InputChainProbes:
             q1, r1, c1 = thread.read() if sample else (0.0, 0.0, 0.0)
             fetch_s = wall - collate.wall
             chain._last_fetch_s = fetch_s
-            chain._add(slot, batches=1, fetch_s=fetch_s, fetch_cpu_s=cpu - collate.cpu,
-                       fetch_runq_s=q1 - q0, read_bytes=r1 - r0, rchar=c1 - c0,
-                       collate_s=collate.wall, collate_cpu_s=collate.cpu,
-                       sampled_fetch_s=fetch_s if sample else 0.0)
-            if sample and chain._slot_pid != chain._main_pid:  # a worker's other threads
-                chain._set(slot, other_cpu_s=time.process_time() - time.thread_time())
+            acc = chain._acc
+            acc[_BATCHES] += 1
+            acc[_FETCH] += fetch_s
+            acc[_FETCH_CPU] += cpu - collate.cpu
+            acc[_COLLATE] += collate.wall
+            acc[_COLLATE_CPU] += collate.cpu
+            if sample:
+                acc[_RUNQ] += q1 - q0
+                acc[_READ] += r1 - r0
+                acc[_RCHAR] += c1 - c0
+                acc[_SAMPLED] += fetch_s
+            if chain._slot_pid != chain._main_pid:  # a worker: its other threads (the feeder)
+                acc[_OTHER] = time.process_time() - time.thread_time()
+                chain._flush()  # now: a worker may exit after any batch
             return batch
 
         return fetch
@@ -258,15 +266,16 @@ class InputChainProbes:
     def snapshot(self) -> dict[str, Any]:
         """The running totals per process (by pid), the main process's transfer figures and
         its threads' kernel accounting (every thread: the step's intra-op threads too)."""
+        self._flush()  # the main process's own fetches (num_workers=0), up to now
         n = len(FIELDS)
         rows = {}
         for slot in range(SLOTS):
             row = self._table[slot * n:(slot + 1) * n]
             if row[0]:
                 rows[int(row[0])] = dict(zip(FIELDS, row))
-        run, runq = _process_schedstat() if self._proc else (0.0, 0.0)
         return {"rows": rows, "receive_s": self.receive_s, "receives": self.receives,
-                "pin_s": self.pin_s, "pins": self.pins, "main_run_s": run, "main_runq_s": runq}
+                "pin_s": self.pin_s, "pins": self.pins,
+                "threads": _thread_schedstat() if self._proc else {}}
 
     def totals(self, start: dict[str, Any], end: dict[str, Any]) -> ChainTotals:
         """What happened between two snapshots, summed over the processes that fetched (a
@@ -293,6 +302,7 @@ class InputChainProbes:
                 workers += 1
                 other += row["other_cpu_s"] - (before["other_cpu_s"] if before
                                                else row["first_other_cpu_s"])
+        common = set(start["threads"]) & set(end["threads"])  # threads alive at both reads
         return ChainTotals(
             batches=int(sums["batches"]), workers=workers, main_batches=main_batches,
             fetch_s=sums["fetch_s"], fetch_cpu_s=sums["fetch_cpu_s"],
@@ -302,25 +312,26 @@ class InputChainProbes:
             receive_s=end["receive_s"] - start["receive_s"],
             receives=end["receives"] - start["receives"], pin_s=end["pin_s"] - start["pin_s"],
             pins=end["pins"] - start["pins"],
-            main_run_s=end["main_run_s"] - start["main_run_s"],
-            main_runq_s=end["main_runq_s"] - start["main_runq_s"], proc=self._proc)
+            main_run_s=sum(end["threads"][t][0] - start["threads"][t][0] for t in common),
+            main_runq_s=sum(end["threads"][t][1] - start["threads"][t][1] for t in common),
+            proc=self._proc)
 
 
-def _process_schedstat() -> tuple[float, float]:
-    """(on a CPU, waiting for one) summed over this process's threads, in seconds."""
-    run = wait = 0
+def _thread_schedstat() -> dict[str, tuple[float, float]]:
+    """Per thread of this process: (seconds on a CPU, seconds waiting for one)."""
+    out = {}
     try:
         tids = os.listdir("/proc/self/task")
     except OSError:
-        return 0.0, 0.0
+        return out
     for tid in tids:
         try:
             with open(f"/proc/self/task/{tid}/schedstat") as f:
-                r, w = f.read().split()[:2]
-            run, wait = run + int(r), wait + int(w)
+                run, wait = f.read().split()[:2]
+            out[tid] = (int(run) / 1e9, int(wait) / 1e9)
         except (OSError, ValueError):
             continue  # a thread that ended meanwhile
-    return run / 1e9, wait / 1e9
+    return out
 
 
 class _TimedCollate:

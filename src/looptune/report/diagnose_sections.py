@@ -86,6 +86,8 @@ def _input_chain(d: Diagnosis, prefix: str) -> Section:
                            [[k, f"{v:.3f}", f"{100 * c['shares'][k]:.1f}%"]
                             for k, v in c["links_ms"].items()], right={1, 2}))
         parts.append(Text(c["reason"]))
+        if c.get("ceiling_reason"):
+            parts.append(Text(c["ceiling_reason"]))
     if c.get("note"):
         parts.append(Text(f"Not seen: {c['note']}"))
     return Section(f"{prefix}Input chain", parts)

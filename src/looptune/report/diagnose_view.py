@@ -79,6 +79,8 @@ def chain_lines(d: Diagnosis) -> list[str]:
         lines.append(f"  {head}: " + ", ".join(f"{k} {v:.3f} ms" for k, v in c["links_ms"].items())
                      + " per batch")
         lines.append(f"    {c['reason']}")
+        if c.get("ceiling_reason"):
+            lines.append(f"    {c['ceiling_reason']}")
     if c.get("note"):
         lines.append(f"    not seen: {c['note']}")
     return lines

@@ -57,7 +57,9 @@ def test_each_cause_is_named_from_its_numbers_with_its_own_remedy(chain, cause):
         (r,) = [r for r in v.remedies if r.kind == f"chain_{cause}"]
         share, link = 0.8, ev["shares"][cause]
         assert r.expected_speedup == pytest.approx(1 / (1 - share * link), abs=0.01)
-    assert not [r for r in v.remedies if r.kind.startswith("chain_") and r.kind != f"chain_{cause}"]
+    others = {r.kind for r in v.remedies if r.kind.startswith("chain_")} - {f"chain_{cause}"}
+    # a transfer that costs more than fetch + collate: no workers at all is offered too
+    assert others == ({"chain_no_workers"} if cause == "transfer" else set())
 
 
 def test_storage_says_how_much_came_from_the_device_and_how_much_from_the_cache():
@@ -95,3 +97,36 @@ def test_the_step_waiting_for_a_cpu_beside_workers_is_a_finding_even_without_a_d
     assert not [f for f in analyze(_m(cool, wait_ms=0.4)).findings if f.name == "step_contention"]
     alone = dataclasses.replace(hot, workers=0)  # no workers: the step's own threads, not ours
     assert not [f for f in analyze(_m(alone, wait_ms=0.4)).findings if f.name == "step_contention"]
+
+
+def test_contention_and_no_workers_are_dataloader_calls_that_verify_reruns():
+    from looptune.diagnose.verify import _how
+
+    busy = _chain(fetch_s=1.0, fetch_cpu_s=0.4, fetch_runq_s=0.5)
+    (r,) = [r for r in analyze(_m(busy, workers=5)).remedies if r.kind == "chain_contention"]
+    assert r.action == "DataLoader(num_workers=1)"  # 2 cores: one left to the step
+    assert _how(r, 8) == {"loader_overrides": {"num_workers": 1}}
+    # moving the batch (0.11 s / 100) costs more than fetching + collating it (0.01 + 0.02)
+    moved = _chain(fetch_s=0.01, fetch_cpu_s=0.01, collate_s=0.02, collate_cpu_s=0.02,
+                   other_cpu_s=0.05, receive_s=0.06)
+    (r,) = [r for r in analyze(_m(moved)).remedies if r.kind == "chain_no_workers"]
+    assert _how(r, 8) == {"loader_overrides": {"num_workers": 0}}
+    assert r.expected_speedup == pytest.approx(1 / (1 - 0.8 * (0.11 - 0.03) / 0.14), abs=0.01)
+    cheap = dataclasses.replace(moved, other_cpu_s=0.0, receive_s=0.025)  # moving is cheaper
+    assert not [r for r in analyze(_m(cheap)).remedies if r.kind == "chain_no_workers"]
+
+
+def test_the_ceiling_is_the_step_without_its_data_wait():
+    ev = analyze(_m(_chain(fetch_s=1.0, fetch_cpu_s=0.95), wait_ms=8.0, step_ms=10.0)).input_chain
+    assert ev["ceiling"] == 5.0 and "would run 5.00x faster: 10.000 ms -> 2.000 ms" in ev["ceiling_reason"]
+
+
+def test_an_action_two_rules_reach_is_listed_once_with_the_larger_bound():
+    from looptune.measure.records import WorkerRead
+
+    moved = _chain(fetch_s=0.01, fetch_cpu_s=0.01, collate_s=0.02, collate_cpu_s=0.02,
+                   other_cpu_s=0.05, receive_s=0.06)
+    m = dataclasses.replace(_m(moved), worker_read=WorkerRead(
+        batch_s=0.004, receive_s=0.001, batches=10, main_s=0.0005))
+    actions = [r.action for r in analyze(m).remedies]
+    assert len(actions) == len(set(actions))

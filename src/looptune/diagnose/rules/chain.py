@@ -32,9 +32,12 @@ CONTENTION_RATIO = 1.0
 STEP_CONTENTION_SHARE = 0.2
 
 
-def data_cause(m: Measurements) -> tuple[str, dict[str, Any]] | None:
+def data_cause(m: Measurements, p: StepProfile | None = None
+               ) -> tuple[str, dict[str, Any]] | None:
     """(cause, evidence) for the chain measured in the window; None when nothing was fetched
-    (the chain was not seen: ``m.input_chain_note`` says why)."""
+    (the chain was not seen: ``m.input_chain_note`` says why). With the step's profile, the
+    ceiling: the step with a free input pipeline (its other phases, measured in the same
+    steps)."""
     c = m.input_chain
     if c is None or c.batches == 0:
         return None
@@ -59,7 +62,15 @@ def data_cause(m: Measurements) -> tuple[str, dict[str, Any]] | None:
     reason = (f"{c.batches} batches fetched by {who} in the measured steps; per batch: "
               + ", ".join(f"{k} {per_ms[k]:.3f} ms" for k in CAUSES)
               + f"{read}; {cause}: {why}")
+    ceiling = {}
+    if p is not None and p.step_s > p.phase_s["data_wait"] > 0:
+        rest = p.step_s - p.phase_s["data_wait"]
+        ceiling = {"ceiling": round(p.step_s / rest, 2), "ceiling_reason": (
+            f"with a free input pipeline the step would run {p.step_s / rest:.2f}x faster: "
+            f"{p.step_s * 1e3:.3f} ms -> {rest * 1e3:.3f} ms, its other phases as measured in the "
+            "same steps (contention inside the step not removed)")}
     return cause, {"cause": cause, "reason": reason, "links_ms": per_ms, "shares": shares,
+                   **ceiling,
                    "batches": c.batches, "workers": c.workers,
                    "read_mib_per_batch": round(c.per_batch(c.read_bytes) / 2**20, 4),
                    "cached_mib_per_batch": round(
@@ -93,18 +104,27 @@ def chain_remedies(m: Measurements, p: StepProfile, cause: str,
                     "dataset's __getitems__ over whole batches"),
         "transfer": ("return tensors (not numpy arrays or Python objects) from collate_fn: "
                      "tensors travel through shared memory, others are pickled through a pipe; "
-                     "ship uint8 and normalize on the device"
-                     + ("; or num_workers=0 when fetch + collate cost less than moving the batch"
-                        if workers else "")),
-        "contention": (f"fewer workers ({workers} worker(s) on {cores} core(s))" if workers and cores
-                       else "fewer busy processes than cores")
-                      + " or fewer intra-op threads (torch.set_num_threads) so each process "
-                        "has a core",
+                     "ship uint8 and normalize on the device"),
+        # a DataLoader call, so that --verify can rerun it (diagnose/verify.py)
+        "contention": f"DataLoader(num_workers={max(0, min(workers, cores or 1) - 1)})",
     }
     if cause not in actions:  # decode: the pre-decode / batched augmentation / workers remedies
         return []
-    return [amdahl_remedy(action=actions[cause], share=s, fraction=link, reason=head,
-                          kind=f"chain_{cause}")]
+    if cause == "contention":
+        head += (f"; {workers} worker(s) and the step on {cores} core(s): one core left to the "
+                 "step (or fewer intra-op threads: torch.set_num_threads)")
+    out = [amdahl_remedy(action=actions[cause], share=s, fraction=link, reason=head,
+                         kind=f"chain_{cause}")]
+    links, total = evidence["links_ms"], sum(evidence["links_ms"].values())
+    inline = links["transfer"] - links["decode"] - links["collate"]
+    if cause == "transfer" and workers and total > 0 and inline > 0:
+        out.append(amdahl_remedy(
+            action="DataLoader(num_workers=0)", share=s, fraction=inline / total, reason=(
+                f"fetch + collate cost {links['decode'] + links['collate']:.3f} ms per batch, "
+                f"moving the batch from a worker {links['transfer']:.3f} ms: in the main process "
+                f"the difference is saved, 1/(1 - {s:.4f} x {inline / total:.4f})"),
+            kind="chain_no_workers"))
+    return out
 
 
 def step_contention(m: Measurements) -> Finding | None:
