@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-__all__ = ["SMOKE_SPEEDUP", "exit_code", "passfail", "smoke_check", "smoke_floor", "smoke_speedups"]
+__all__ = ["SMOKE_SPEEDUP", "exit_code", "judged", "passfail", "smoke_check", "smoke_floor", "smoke_speedups"]
 
 # a smoke run's speedup floor over the baseline of the same run, by default: no broken fast path
 # reaches it, and no run-to-run spread of one recipe comes near it
@@ -39,6 +39,15 @@ def smoke_speedups(pairs: Iterable[tuple[str, float]], floor: float = SMOKE_SPEE
     ok = bool(pairs) and all(s >= floor for _, s in pairs)
     shown = ", ".join(f"{name} {s:.2f}x" for name, s in pairs) or "nothing measured"
     return smoke_check(f"{shown} vs {against}; each >= {floor:g}x", ok)
+
+
+def judged(what: str, ok: bool, smoke: bool) -> int:
+    """The exit code of a benchmark whose goal and smoke relation are the same check ``what``:
+    printed as a ``smoke check:`` line under --smoke, else as a ``goal:`` line."""
+    if smoke:
+        return exit_code(False, smoke_check(what, ok), True)
+    print(f"goal: {what}: {passfail(ok)}")
+    return exit_code(ok, False, False)
 
 
 def exit_code(goal_ok: bool, smoke_ok: bool, smoke: bool) -> int:

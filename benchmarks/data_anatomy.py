@@ -30,7 +30,7 @@ from multiprocessing.reduction import ForkingPickler
 from pathlib import Path
 
 import looptune
-from _goals import exit_code, passfail, smoke_check
+from _goals import judged, passfail
 from looptune.measure.input_chain import proc_available
 
 SCRIPT = Path(__file__).resolve().parents[1] / "tests" / "diagnose" / "scripts" / "input_chain.py"
@@ -160,10 +160,7 @@ def main(argv: list[str] | None = None) -> int:
               + ("n/a" if cause == "contention" else f"{100 * gap:.0f} pts") + " |")
     label = (f"every cause named right and every share within {100 * points:.0f} points of the "
              "independent split")
-    if args.smoke:
-        return exit_code(False, smoke_check(label, ok), True)
-    print(f"goal: {label}: {passfail(ok)}")
-    return exit_code(ok, False, False)
+    return judged(label, ok, args.smoke)
 
 
 if __name__ == "__main__":

@@ -20,7 +20,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from _goals import exit_code, passfail, smoke_check
+from _goals import judged
 
 GOAL_ACC = 0.9
 
@@ -60,10 +60,7 @@ def main(argv: list[str] | None = None) -> int:
     # must hold everywhere is that every rank trained the one model: a broken all-reduce or a
     # rank on the wrong shard does not reach this accuracy
     what = f"every {data['world_size']}-rank run reached test accuracy >= {100 * GOAL_ACC:g}%"
-    if args.smoke:
-        return exit_code(False, smoke_check(what, ok), True)
-    print(f"goal: {what}: {passfail(ok)}")
-    return exit_code(ok, False, False)
+    return judged(what, ok, args.smoke)
 
 
 if __name__ == "__main__":

@@ -126,8 +126,8 @@ class InputChainProbes:
 
         for cls in (fetch._MapDatasetFetcher, fetch._IterableDatasetFetcher):
             self._wrap(cls, "fetch", self._timed_fetch)
-        self._wrap(_ConnectionBase, "recv_bytes", self._timed_receive)
-        self._wrap(ForkingPickler, "loads", self._timed_loads, static=True)
+        self._wrap(_ConnectionBase, "recv_bytes", self._receive_cpu(counted=False))
+        self._wrap(ForkingPickler, "loads", self._receive_cpu(counted=True), static=True)
         self._wrap(pin_memory, "pin_memory", self._timed_pin)
         return self
 
@@ -216,34 +216,27 @@ class InputChainProbes:
     def _in_main(self) -> bool:
         return os.getpid() == self._main_pid and not getattr(self._local, "busy", False)
 
-    def _timed_receive(self, original: Callable) -> Callable:
+    def _receive_cpu(self, counted: bool) -> Callable[[Callable], Callable]:
+        """A wrapper adding the main process's CPU in ``original`` to ``receive_s`` (and one to
+        ``receives`` when ``counted``: one unpickle per batch). CPU: waiting for a worker (its
+        GIL, its feeder thread) is not transfer work; the copies and the syscalls are."""
         chain = self
 
-        def recv_bytes(conn, *args, **kwargs):
-            if not chain._in_main():
-                return original(conn, *args, **kwargs)
-            t0 = time.thread_time()  # CPU: waiting for a worker (its GIL, its feeder) is not
-            try:                      # transfer work, the copy and the syscalls are
-                return original(conn, *args, **kwargs)
-            finally:
-                chain.receive_s += time.thread_time() - t0
+        def make(original: Callable) -> Callable:
+            def timed(first, *args, **kwargs):
+                if not chain._in_main():
+                    return original(first, *args, **kwargs)
+                t0 = time.thread_time()
+                try:
+                    return original(first, *args, **kwargs)
+                finally:
+                    chain.receive_s += time.thread_time() - t0
+                    chain.receives += counted
 
-        return recv_bytes
+            timed.__name__ = original.__name__
+            return timed
 
-    def _timed_loads(self, original: Callable) -> Callable:
-        chain = self
-
-        def loads(data, *args, **kwargs):
-            if not chain._in_main():
-                return original(data, *args, **kwargs)
-            t0 = time.thread_time()
-            try:
-                return original(data, *args, **kwargs)
-            finally:
-                chain.receive_s += time.thread_time() - t0
-                chain.receives += 1
-
-        return loads
+        return make
 
     def _timed_pin(self, original: Callable) -> Callable:
         chain = self
