@@ -10,7 +10,10 @@
    many samples (its batches are 12x larger); evaluation is off the clock.
 
     python benchmarks/engine_goals.py --data ../shared/data/mnist
-    python benchmarks/engine_goals.py --data ../shared/data/mnist --smoke   # CI: fast >= 6x, tta >= 93%
+    python benchmarks/engine_goals.py --data ../shared/data/mnist --smoke   # CI: see _smoke
+
+The speed run also times ``device`` (the general engine step on the same device-resident data), so
+the smoke can tell a working fast path from one that fell back to the general step.
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ import sys
 import warnings
 
 import looptune
-from _goals import exit_code, smoke_check, smoke_floor, smoke_speedups
+from _goals import exit_code, smoke_check, smoke_speedups
 from looptune.fastpath.threads import thread_summary
 from looptune.presets.mnist import TTA_BATCH
 from looptune.report.render import bench_table, wide_console
@@ -28,6 +31,11 @@ from looptune.report.render import bench_table, wide_console
 TARGET = 0.975
 SPEED_GOAL, TTA_GOAL = 12.0, 50.0
 SMOKE_ACC = 0.93
+# smoke floors, measured side by side in one epoch. fast vs seed-baseline: 12.8x on a quiet 2-vCPU
+# Zen 5 VM (2026-12-06), 5.97x on a loaded CI machine (seed-baseline 15.5 s/epoch there, 3.6 here):
+# a third of the goal. fast vs device (the same data, the general step): 2.8x on that Zen 5 VM; a
+# fast path that fell back to the general step is ~1.0x
+SMOKE_VS_BASELINE, SMOKE_VS_GENERAL = SPEED_GOAL / 3, 1.5
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -40,14 +48,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--repeats", type=int, default=3, help="speed comparison: median of N runs")
     p.add_argument("--seeds", type=int, default=5, help="tta: seeds 0..N-1, each its own run")
     p.add_argument("--smoke", action="store_true",
-                   help="CI mode: 1 epoch everywhere; fast >= 6x, tta >= 93%")
+                   help="CI mode: 1 epoch everywhere; fast >= 4x seed-baseline and "
+                   ">= 1.5x device, tta >= 93%%")
     args = p.parse_args(argv)
     common = {"device": args.device, "data_dir": args.data}
     base_epochs, tta_epochs = (1, 1) if args.smoke else (5, 3)
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", UserWarning)
-            speed = looptune.bench(recipes=["seed-baseline", "fast"], epochs=args.speed_epochs,
+            speed = looptune.bench(recipes=["seed-baseline", "fast", "device"], epochs=args.speed_epochs,
                                    repeats=1 if args.smoke else args.repeats, **common)
             slow = looptune.bench(recipes=["seed-baseline"], epochs=base_epochs, target_accuracy=TARGET,
                                   eval_every=args.eval_every, **common)
@@ -69,17 +78,20 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _smoke(speed: looptune.BenchResults, tta: looptune.RunResult) -> bool:
-    """fast well ahead of seed-baseline in the same run; tta, squeezed into one epoch (its
-    schedule over 1 epoch instead of 3), still learns: 95.8% here, a broken step stays far below."""
-    base, fast = speed.runs
-    ok = smoke_speedups([("fast", base.wall_s / fast.wall_s)], floor=smoke_floor(SPEED_GOAL),
+    """fast well ahead of seed-baseline and of the general step (device) in the same run; tta,
+    squeezed into one epoch (its schedule over 1 epoch instead of 3), still learns: 95.8% here, a
+    broken step stays far below."""
+    base, fast, general = speed.runs
+    ok = smoke_speedups([("fast", base.wall_s / fast.wall_s)], floor=SMOKE_VS_BASELINE,
                         against="seed-baseline")
+    ok &= smoke_speedups([("fast", general.wall_s / fast.wall_s)], floor=SMOKE_VS_GENERAL,
+                         against="device (the general step on the same data)")
     return ok & smoke_check(f"tta's final accuracy after 1 epoch {100 * tta.test_accuracy:.2f}%, "
                             f">= {100 * SMOKE_ACC:g}%", tta.test_accuracy >= SMOKE_ACC)
 
 
 def _speed_goal(results: looptune.BenchResults) -> bool:
-    base, fast = results.runs
+    base, fast = results.runs[:2]
     ratio = base.wall_s / fast.wall_s
     d_acc = 100 * (fast.test_accuracy - base.test_accuracy)
     ok = ratio >= SPEED_GOAL and abs(d_acc) <= 0.5

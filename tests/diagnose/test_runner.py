@@ -32,15 +32,48 @@ def test_slow_getitem_is_data_loading():
     assert d.loaders[0].batch_size == 32 and d.loaders[0].dataset == "Slow"
 
 
-def test_in_memory_wide_mlp_is_compute():
-    # overhead share 0.03-0.15 here (threshold BUSY_OVERHEAD_SHARE). CI judged it overhead twice: a
-    # slow phase of the VM during the measured steps and a quiet one during the replay (the model is
-    # now timed inside the steps too: test_scaling.py plants that case), then a bf16 replay of 7.7 s
-    # that left the B/4B pair one round (0.03-0.54 over 5 runs; now timed apart: test_scaling.py)
+def _wide_mlp_fixed_share(rounds=5):
+    """compute_heavy.py's step timed alone at batch 256 and 1024 (interleaved rounds, medians):
+    the share of the batch-256 step that does not grow with the batch, (4 t(B) - t(4B)) / 3 t(B)."""
+    import statistics
+    import time
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(1024, 2048), torch.nn.ReLU(), torch.nn.Linear(2048, 2048),
+                                torch.nn.ReLU(), torch.nn.Linear(2048, 10))
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+
+    def step(b):
+        x, y = torch.randn(b, 1024), torch.randint(0, 10, (b,))
+        t = time.perf_counter()
+        opt.zero_grad()
+        torch.nn.functional.cross_entropy(model(x), y).backward()
+        opt.step()
+        return time.perf_counter() - t
+
+    times = {256: [], 1024: []}
+    for b in (256, 1024, 256, 1024):
+        step(b)
+    for _ in range(rounds):
+        for b in (256, 1024, 1024, 256):
+            times[b].append(step(b))
+    tb, t4b = statistics.median(times[256]), statistics.median(times[1024])
+    return (4 * tb - t4b) / (3 * tb)
+
+
+def test_in_memory_wide_mlp_verdict_agrees_with_its_step_timed_alone():
+    # compute on the VMs here (fixed share 0.03-0.16 alone and in diagnose). One CI machine ran
+    # batch 1024 1.58x faster per sample than 256 (fixed share 0.50: a bigger batch does pay
+    # there), so the verdict is checked against the same step timed alone, not against a constant.
+    # Earlier CI failures: a slow VM phase during the steps (the model is now timed inside the
+    # steps too: test_scaling.py) and a bf16 replay between B and 4B (now timed apart)
     d = run("compute_heavy.py", steps=6, warmup=2)
-    assert d.bottleneck == "compute", d.evidence["reason"]
-    assert d.evidence["fixed_share"] < BUSY_OVERHEAD_SHARE and d.evidence["replay_module"] == "Sequential"
-    assert d.evidence["flops_ratio"] > 0  # the FLOP rate is kept as context
+    alone = _wide_mlp_fixed_share()
+    assert d.evidence["replay_module"] == "Sequential" and d.evidence["flops_ratio"] > 0
+    assert abs(d.evidence["fixed_share"] - alone) < 0.25, (alone, d.evidence["reason"])
+    if alone < BUSY_OVERHEAD_SHARE - 0.1:
+        assert d.bottleneck == "compute", (alone, d.evidence["reason"])
+    elif alone > BUSY_OVERHEAD_SHARE + 0.15:
+        assert d.bottleneck == "overhead", (alone, d.evidence["reason"])
 
 
 def test_tiny_batches_with_item_every_step_are_overhead():
