@@ -11,7 +11,7 @@ from looptune.diagnose.result import Diagnosis
 from looptune.diagnose.runner import diagnose, watch
 from looptune.tune.batch import tune_batch_size
 from looptune.tune.loader import tune_loader
-from looptune.errors import ConfigError, DataError, LooptuneError, MeasurementError
+from looptune.errors import ConfigError, DataError, LooptuneError, MeasurementError, ScriptFailed
 from looptune.measure.results import RunResult
 from looptune.presets import RECIPES
 from looptune.recipe import (Decision, LoaderConfig, OptimConfig, Recipe,
@@ -21,5 +21,5 @@ __all__ = [
     "__version__", "train", "bench", "diagnose", "watch", "Diagnosis", "tune_loader",
     "tune_batch_size", "pack", "open_packed", "verify_packed", "BenchResults", "RunResult",
     "Recipe", "LoaderConfig", "StepConfig", "OptimConfig", "ScheduleConfig", "RECIPES", "Decision", "LooptuneError",
-    "ConfigError", "DataError", "MeasurementError",
+    "ConfigError", "DataError", "MeasurementError", "ScriptFailed",
 ]

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 __all__ = ["LooptuneError", "ConfigError", "DataError", "MeasurementError", "NonFiniteLoss",
            "CheckpointWriteError", "Interrupted", "LaunchFailed", "SampleError", "FastPathUnsupported",
-           "StopScript"]
+           "ScriptFailed", "StopScript"]
 
 
 class LooptuneError(Exception):
@@ -36,6 +36,24 @@ class DataError(LooptuneError):
 
 class MeasurementError(LooptuneError):
     """A measurement could not be taken or makes no sense (e.g. zero steps measured)."""
+
+
+class ScriptFailed(MeasurementError):
+    """The user's script raised (or exited non-zero) before its first step boundary: nothing was
+    measured. The message leads with the script's own exception and where it was raised;
+    ``exit_code`` is the status ``python script.py`` would have exited with, ``hint`` the known
+    fix (a torch migration) or None, ``record()`` what ``--json`` writes."""
+
+    def __init__(self, message: str, *, error: str | None, where: str | None, hint: str | None,
+                 exit_code: int, script: str, seen: str) -> None:
+        super().__init__(message)
+        self.error, self.where, self.hint, self.exit_code = error, where, hint, exit_code
+        self.script, self.seen = script, seen
+
+    def record(self) -> dict:
+        return {"kind": "diagnosis-failed", "script": self.script, "error": self.error,
+                "where": self.where, "hint": self.hint, "exit_code": self.exit_code,
+                "seen": self.seen, "steps_measured": 0, "message": str(self)}
 
 
 class FastPathUnsupported(Exception):

@@ -67,3 +67,37 @@ def test_a_script_that_never_steps_says_what_it_saw(marker, tmp_path):
     err = proc.stderr
     assert "never called optimizer.step()" in err and "Traceback" not in err
     assert "drew 32 batch(es) from 1 DataLoader(s)" in err and "ended normally, exit code 0" in err
+
+
+def test_a_script_failing_before_its_first_step_leads_with_its_own_error(marker, tmp_path):
+    # an old script's torch.load of a pickled object, refused by torch >= 2.6 (weights_only)
+    script = Path(__file__).parents[1] / "diagnose" / "scripts" / "old_torch_load.py"
+    proc, d = diagnose(str(script), marker, tmp_path)
+    assert proc.returncode == 1, proc.stderr  # the script's own status, not diagnose's 2
+    first = proc.stderr.splitlines()[0]
+    assert first.startswith("looptune diagnose: the script raised before its first step: "
+                            "_pickle.UnpicklingError: Weights only load failed"), proc.stderr
+    assert "never called optimizer.step" not in proc.stderr and "Traceback" not in proc.stderr
+    assert "old_torch_load.py:18 in main (raised in torch/serialization.py" in proc.stderr
+    assert "known fix:" in proc.stderr and "TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD=1" in proc.stderr
+    assert d["kind"] == "diagnosis-failed" and d["exit_code"] == 1 and d["steps_measured"] == 0
+    assert d["where"].startswith(f"{script}:18 in main") and "weights_only=False" in d["hint"]
+    # the fix it names works: the same script is diagnosed with it
+    fixed = subprocess.run(
+        [sys.executable, "-m", "looptune", "diagnose", "--steps", "10", "--warmup", "2", str(script)],
+        env={**child_env(), "TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD": "1"}, capture_output=True,
+        text=True, timeout=180, cwd=tmp_path)
+    assert fixed.returncode == 0 and "bottleneck:" in fixed.stdout, fixed.stderr
+
+
+def test_a_script_exiting_non_zero_before_its_first_step_keeps_its_status(tmp_path):
+    script = tmp_path / "early_exit.py"
+    script.write_text("import sys\nimport torch\nsys.exit(4)\n")
+    out = tmp_path / "d.json"
+    proc = subprocess.run([sys.executable, "-m", "looptune", "diagnose", "--json", str(out),
+                           str(script)], env=child_env(), capture_output=True, text=True,
+                          timeout=120, cwd=tmp_path)
+    assert proc.returncode == 4, proc.stderr
+    assert "the script exited with status 4 before its first step" in proc.stderr
+    d = json.loads(out.read_text())
+    assert d["error"] is None and d["exit_code"] == 4 and d["where"] is None

@@ -16,7 +16,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from looptune._io import writable_problem
+from looptune._io import atomic_write_text, writable_problem
 from looptune.cli.report import add_report_option, print_written, report_problems
 from looptune.diagnose import rank_files
 from looptune.diagnose.collectives import launched_rank
@@ -25,7 +25,7 @@ from looptune.diagnose.result import Diagnosis
 from looptune.diagnose.runner import FIRST_STEP_TIMEOUT_S, check_target, diagnose
 from looptune.diagnose.verify import RERUNNABLE
 from looptune.dist.launch import LaunchFailed, launch, nproc_problem
-from looptune.errors import ConfigError
+from looptune.errors import ConfigError, ScriptFailed
 from looptune.report.build import save_and_render
 from looptune.report.diagnose_view import print_diagnosis, print_rank_report
 from looptune.report.render import wide_console
@@ -93,10 +93,16 @@ def run(args: argparse.Namespace) -> int:
     _check(args, target, module, steps)
     if args.nproc is not None:
         return _launch_ranks(args, target, script_args, module, steps)
-    result = diagnose(target, script_args, module=module, steps=steps,
-                      warmup=args.warmup, seconds=args.seconds, trace_dir=_trace_dir(args),
-                      verify=args.verify_kind or args.verify,
-                      first_step_timeout=args.first_step_timeout or None)
+    try:
+        result = diagnose(target, script_args, module=module, steps=steps,
+                          warmup=args.warmup, seconds=args.seconds, trace_dir=_trace_dir(args),
+                          verify=args.verify_kind or args.verify,
+                          first_step_timeout=args.first_step_timeout or None)
+    except ScriptFailed as err:  # the script's own error first, its own exit status
+        print(f"looptune diagnose: {err}", file=sys.stderr)
+        if args.json is not None:
+            atomic_write_text(args.json, json.dumps(err.record(), indent=2) + "\n")
+        return err.exit_code or EXIT_SCRIPT_FAILED
     if args.rank_dir is not None:  # a rank of --nproc: the launching process reports
         rank_files.write_rank(args.rank_dir, result)
     elif result.world_size is not None and result.world_size > 1:  # a rank under torchrun

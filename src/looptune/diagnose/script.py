@@ -22,8 +22,23 @@ import torch
 from looptune.diagnose.predecode import PREDECODE, predecoded
 from looptune.measure.probes import StopScript
 
-__all__ = ["Seen", "exit_status", "forked_children_exit_alone", "module_exists",
-           "overridden_loaders", "script_env"]
+__all__ = ["KNOWN_FIXES", "Seen", "exit_status", "forked_children_exit_alone", "known_fix",
+           "module_exists", "overridden_loaders", "raised_where", "script_env"]
+
+# errors old scripts hit on a newer torch, exactly when a user first tries a tool on them: a
+# pattern of the exception's text -> the known fix
+KNOWN_FIXES: tuple[tuple[str, str], ...] = (
+    ("Weights only load failed", (
+        "torch >= 2.6 loads with weights_only=True by default, which refuses pickled objects "
+        "other than tensors and plain containers. For a file you trust: torch.load(path, "
+        "weights_only=False), or run with TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD=1; to keep the safe "
+        "load, allow the classes it names with torch.serialization.add_safe_globals([...])")),
+    ("torch._six", (
+        "torch._six was removed in torch 2.0: use the standard library (math.inf, "
+        "collections.abc, str) in its place")),
+    ("has no attribute 'get_lr'", (
+        "the scheduler's get_lr() is internal since torch 1.4: call scheduler.get_last_lr()")),
+)
 
 
 def module_exists(name: object) -> bool:
@@ -73,6 +88,43 @@ def _forget_user_modules(before: set[str]) -> None:
         path = getattr(sys.modules[name], "__file__", None) or ""
         if path and not any(path.startswith(root) for root in system) and "looptune" not in name:
             del sys.modules[name]
+
+
+def known_fix(error: str | None) -> str | None:
+    """The known fix for an error old scripts hit on this torch, or None."""
+    if not error:
+        return None
+    return next((fix for pattern, fix in KNOWN_FIXES if pattern in error), None)
+
+
+def raised_where(exc: BaseException) -> str | None:
+    """Where ``exc`` was raised: the deepest frame of the user's code (not looptune, not the
+    standard library or installed packages), and the raising frame when it is elsewhere, e.g.
+    "train.py:12 in main (raised in torch/serialization.py:1529 in load)"."""
+    import sysconfig
+    import traceback as tb
+
+    frames = tb.extract_tb(exc.__traceback__)
+    if not frames:
+        return None
+    system = tuple(sysconfig.get_paths()[k] for k in ("stdlib", "platstdlib", "purelib", "platlib"))
+    own = str(Path(__file__).resolve().parents[1])
+
+    def shown(f: tb.FrameSummary) -> str:
+        name = f.filename
+        with contextlib.suppress(ValueError):  # under the working folder: relative to it
+            name = rel if not (rel := os.path.relpath(name)).startswith("..") else name
+        for root in system:  # an installed package: from its top folder
+            if f.filename.startswith(root):
+                name = os.path.relpath(f.filename, root)
+        return f"{name}:{f.lineno} in {f.name}"
+
+    user = [f for f in frames if not f.filename.startswith(system + (own,))
+            and not f.filename.startswith("<")]
+    last = frames[-1]
+    if not user:
+        return shown(last)
+    return shown(user[-1]) + ("" if user[-1] is last else f" (raised in {shown(last)})")
 
 
 @dataclass(frozen=True, kw_only=True)
