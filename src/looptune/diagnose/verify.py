@@ -39,9 +39,13 @@ from looptune.measure.parity import loss_parity, time_to_loss
 from looptune.diagnose.update_replay import impl_kwargs
 from looptune.errors import ConfigError, MeasurementError
 
-__all__ = ["RERUNNABLE", "SHORT", "apply_measured", "parse_loader_action", "verify_remedy"]
+__all__ = ["MIN_COMPARABLE_STEPS", "RERUNNABLE", "SHORT", "apply_measured", "parse_loader_action",
+           "verify_remedy"]
 
 SHORT = 0.7  # a measured gain below this share of the promised bound is reported as short of it
+# a rerun that ended before its steps (the script's data ran out at the larger batch, it raised)
+# is still compared when at least this many steps were measured: their median, marked partial
+MIN_COMPARABLE_STEPS = 5
 # remedies that change the training: rerun for the original's wall time, judged by the loss each
 # run reached against time (its time to the original's final loss); bf16 must also train like the
 # original over the same steps (loss parity)
@@ -89,6 +93,24 @@ def _how(remedy: Remedy, batch: int | None, decode_s: float | None = None
     return None
 
 
+def _why_not(remedy: Remedy, batch: int | None, decode_s: float | None,
+             samples: int | None) -> str:
+    """Why a remedy of a rerunnable kind could not be applied from outside this script."""
+    if remedy.kind == "batch":
+        if batch is None:
+            return ("no DataLoader feeds the step: the batch size is the script's own tensors, "
+                    "change it in the script")
+        return f"its action is not a change of the DataLoader's batch_size {batch}"
+    if remedy.kind == "tensorized":
+        if decode_s is None:
+            return "the dataset has no length (a stream) or no DataLoader: nothing to gather by index"
+        return (f"reading its {samples} samples once would take ~{decode_s:.0f} s (more than "
+                f"{predecode.BUDGET_S:.0f} s for a rerun)")
+    if remedy.kind in ("loader", "chain_contention", "chain_no_workers"):
+        return "not a DataLoader(...) setting: a change to the script's code"
+    return "not a switch the rerun can set: a change to the script's code"
+
+
 def verify_remedy(verdict: Verdict, *, before: Any, steps: int, rerun: Callable[..., Any],
                   prefer: str | None = None) -> dict[str, Any]:
     """Rerun with the top applicable remedy (with ``prefer``, the highest-ranked applicable one of
@@ -104,11 +126,14 @@ def verify_remedy(verdict: Verdict, *, before: Any, steps: int, rerun: Callable[
                    if (prefer is None or r.kind == prefer)
                    and (how := _how(r, batch, decode_s)) is not None), None)
     if chosen is None:
-        kinds = ", ".join(sorted({r.kind for r in verdict.remedies})) or "none"
         which = "no remedy" if prefer is None else f"no remedy of kind {prefer!r}"
-        return {"remedy": None, "reason": f"{which} that can be applied from outside the script "
-                f"(those are {', '.join(RERUNNABLE)}; this diagnosis has {kinds}): nothing was "
-                "rerun"}
+        why = [f"{r.kind} ({_why_not(r, batch, decode_s, samples)})" for r in verdict.remedies
+               if r.kind in RERUNNABLE and (prefer is None or r.kind == prefer)]
+        others = sorted({r.kind for r in verdict.remedies if r.kind not in RERUNNABLE})
+        said = "; ".join(why + ([f"{', '.join(others)}: a change to the script's code"]
+                                if others else [])) or "no remedies"
+        return {"remedy": None, "reason": f"{which} could be applied from outside the script "
+                f"({said}): nothing was rerun"}
     remedy, how = chosen
     kw = {"loader_overrides": None, "autocast": None, "framework": None, "optimizer": None,
           "seconds": None, **how}
@@ -127,12 +152,8 @@ def verify_remedy(verdict: Verdict, *, before: Any, steps: int, rerun: Callable[
         out["note"] = f"verified the highest-ranked remedy of kind {prefer!r}, as asked"
     elif not out["top"]:
         top = verdict.remedies[0]
-        pre = top.kind == "tensorized" and top.action.startswith("pre-decode")
-        why = ("it cannot be applied from outside the script" if not pre else
-               "the dataset has no length (a stream): nothing to gather by index"
-               if decode_s is None else
-               f"reading its {samples} samples once would take ~{decode_s:.0f} s (more than "
-               f"{predecode.BUDGET_S:.0f} s for a rerun)")
+        why = ("it cannot be applied from outside the script" if top.kind not in RERUNNABLE
+               else _why_not(top, batch, decode_s, samples))
         out["note"] = (f"the top remedy ({top.action}) was not rerun: {why}; verified the "
                        "highest-ranked one that can be")
     predecode.reset()
@@ -149,20 +170,30 @@ def verify_remedy(verdict: Verdict, *, before: Any, steps: int, rerun: Callable[
                       for info in after.measurements.loaders)
     else:  # autocast, a framework switch, an optimizer's arguments: the patch was used
         applied = getattr(after, "applied", 0) > 0
+    # complete: it ran to its step limit or its wall time, or as many steps as the original
     complete = after.error is None and (
-        kw["seconds"] is not None or len(after.step_s) >= min(steps, len(before.step_s)))
+        after.stopped in ("steps", "seconds") or len(after.step_s) >= min(steps, len(before.step_s)))
     after_ms = 1000 * median(after.step_s)
     out.update(after_step_ms=after_ms, after_steps_measured=len(after.step_s),
                after_stopped=after.stopped, after_error=after.error, applied=applied)
     per_step = verdict.step_ms / after_ms
     # a larger batch is compared per sample: each step then carries new/old times the samples
     scale = overrides["batch_size"] / batch if remedy.kind == "batch" else 1.0
-    out["speedup"] = per_step * scale if applied and complete else None
+    comparable = complete or len(after.step_s) >= MIN_COMPARABLE_STEPS
+    out["speedup"] = per_step * scale if applied and comparable else None
+    if applied and comparable and not complete:
+        ended = f"raised {after.error}" if after.error else f"ended ({after.stopped})"
+        out["partial"] = (f"measured over the {len(after.step_s)} step(s) the rerun made before "
+                          f"it {ended}")
+    elif applied and not comparable:
+        out["not_comparable"] = (f"the rerun made {len(after.step_s)} step(s) (fewer than "
+                                 f"{MIN_COMPARABLE_STEPS}) before it "
+                                 + (f"raised {after.error}" if after.error else f"ended ({after.stopped})"))
     if not applied:
         out["loss_parity"] = None  # nothing was applied: nothing to compare
-    elif remedy.kind in CHANGES_TRAINING:
+    elif remedy.kind in CHANGES_TRAINING and comparable:
         _judge_by_loss(out, before, after, remedy.kind)
-    if applied and remedy.kind != "batch":  # the same steps must train alike
+    if applied and comparable and remedy.kind != "batch":  # the same steps must train alike
         _check_parity(out, before, after)
     if not applied and predecode.refused:
         out["reason"] = ("the dataset was not pre-decoded for the rerun: "
@@ -174,10 +205,30 @@ def verify_remedy(verdict: Verdict, *, before: Any, steps: int, rerun: Callable[
         out["reason"] = ("the remedy's switch was never used in the rerun (no model forward, "
                          "framework or optimizer construction went through it): nothing to "
                          "compare")
-    elif out["speedup"] is not None and out["speedup"] < SHORT * remedy.expected_speedup:
-        out["short"] = (f"measured {out['speedup']:.2f}x, short of the {remedy.expected_speedup:.2f}x "
-                        f"bound (< {SHORT:.0%} of it): ranked by the measured gain")
+    else:
+        _against_promise(out, remedy.expected_speedup)
     return out
+
+
+def _against_promise(out: dict[str, Any], promised: float) -> None:
+    """The measured gain as a share of the promise; below ``SHORT`` of it the remedy fell short
+    (``measured_gain``: what it is ranked by). Where the gain itself could not be judged (a larger
+    batch whose rerun was too short to reach the loss), its throughput bounds it from above: a
+    bound below ``SHORT`` of the promise fell short too."""
+    gain, how, why = out.get("speedup"), "measured", ""
+    if gain is None and out.get("loss_parity") is not False and not out.get("not_comparable"):
+        bound = out.get("per_sample_speedup") or out.get("per_step_speedup")
+        if bound is not None and bound < SHORT * promised:
+            gain, how = bound, "at most"
+            why = (" per sample (a larger batch also needs more samples to the same loss)"
+                   if out.get("per_sample") else " per step")
+    if gain is None:
+        return
+    out["of_promise"] = gain / promised
+    if gain < SHORT * promised:
+        out["measured_gain"] = gain
+        out["short"] = (f"fell short: {how} {gain:.2f}x{why}, {gain / promised:.0%} of the "
+                        f"promised {promised:.2f}x (< {SHORT:.0%}): ranked by the measured gain")
 
 
 def _check_parity(out: dict[str, Any], before: Any, after: Any) -> None:
@@ -228,6 +279,11 @@ def apply_measured(remedies: list[Remedy], checked: dict[str, Any] | None) -> li
         hit = [dataclasses.replace(r, loss_parity=False) for r in remedies
                if r.action == checked["remedy"]]
         return [r for r in remedies if r.action != checked["remedy"]] + hit
+    if checked.get("speedup") is None and checked.get("short"):  # an upper bound fell short
+        out = [dataclasses.replace(r, measured_speedup=round(checked["measured_gain"], 2),
+                                   loss_parity=checked.get("loss_parity"))
+               if r.action == checked["remedy"] else r for r in remedies]
+        return _ranked_by_measurement(out)
     if checked.get("speedup") is None:
         if checked.get("changes_training"):  # a larger batch that never reached the loss
             hit = [r for r in remedies if r.action == checked["remedy"]]
@@ -238,8 +294,10 @@ def apply_measured(remedies: list[Remedy], checked: dict[str, Any] | None) -> li
     out = [dataclasses.replace(r, measured_speedup=round(checked["speedup"], 2),
                                loss_parity=parity)
            if r.action == checked["remedy"] else r for r in remedies]
-    if not checked.get("short"):
-        return out
-    fixes = [r for r in out if r.kind == "memory"]
-    rest = [r for r in out if r.kind != "memory"]
+    return _ranked_by_measurement(out) if checked.get("short") else out
+
+
+def _ranked_by_measurement(remedies: list[Remedy]) -> list[Remedy]:
+    fixes = [r for r in remedies if r.kind == "memory"]
+    rest = [r for r in remedies if r.kind != "memory"]
     return fixes + sorted(rest, key=lambda r: -(r.measured_speedup or r.expected_speedup))

@@ -189,8 +189,10 @@ def _verify(v: dict[str, Any], prefix: str, files: str) -> Section:
         rows.append(["per sample (context)", f"{v['per_sample_speedup']:.2f}x"])
     if v.get("loss_parity") is not None:
         rows.append(["loss parity", "yes" if v["loss_parity"] else "no"])
-    rows += [[k.replace("_", " "), str(v[k])] for k in ("note", "short", "changes_training")
-             if v.get(k)]
+    if v.get("of_promise") is not None:
+        rows.append(["share of the promise", f"{v['of_promise']:.0%}"])
+    rows += [[k.replace("_", " "), str(v[k])]
+             for k in ("note", "partial", "not_comparable", "short", "changes_training") if v.get(k)]
     check = v.get("loss_check") or {}
     if check.get("reason"):
         rows.append(["losses compared", check["reason"]])

@@ -95,11 +95,14 @@ def verify_lines(v: dict) -> list[str]:
     unit = " to the same loss" if v.get("per_sample") else ""
     measured = ("not counted" if v.get("speedup") is None
                 else f"{v['speedup']:.2f}x{unit} measured")
+    share = f", {v['of_promise']:.0%} of it" if v.get("of_promise") is not None else ""
     lines = [f"{v['remedy']}: {v['before_step_ms']:.2f} -> {v['after_step_ms']:.2f} ms/step, "
-             f"{measured} (expected up to {v['expected_speedup']:.2f}x)"]
+             f"{measured} (expected up to {v['expected_speedup']:.2f}x{share})"]
+    lines += [v[k] for k in ("partial", "not_comparable") if v.get(k)]
     if v.get("per_sample_speedup") is not None:
-        lines.append(f"per sample {v['per_sample_speedup']:.2f}x (context, not the gain: a "
-                     "larger batch changes the training)")
+        lines.append(f"per sample {v['per_sample_speedup']:.2f}x, "
+                     f"{v['per_sample_speedup'] / v['expected_speedup']:.0%} of the promise "
+                     "(context, not the gain: a larger batch changes the training)")
     if (v.get("time_to_loss") or {}).get("reason"):
         lines.append(v["time_to_loss"]["reason"])
     check = v.get("loss_check") or {}
