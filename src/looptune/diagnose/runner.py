@@ -176,8 +176,8 @@ def _run_once(target, args, *, module, steps, warmup, seconds, trace_dir,
         # the model replayed at B and 4B: inside the script's environment (its threads)
         probes.paused = True  # the replay's own backward calls are no steps of the script
         probes.untime_model()
-        scaling = (measure_scaling(schedule.captured, device) if scale and probes.samples
-                   else None)
+        scaling = (measure_scaling(schedule.captured, device, loader_batch=_loader_batch(probes))
+                   if scale and probes.samples else None)
         # the training loader read by one worker, for the workers remedy (not in --verify reruns)
         read = (_worker_read(probes) if scale and probes.samples and probes.loaders else None)
         gather = _gather_s(probes) if scale and probes.samples and probes.loaders else None
@@ -210,6 +210,11 @@ def _remedy_applied(device: torch.device, autocast: str | None, framework: str |
         if optimizer:
             stack.enter_context(overridden_optimizer(*optimizer, hits=hits))
         yield hits
+
+
+def _loader_batch(probes: StepProbes) -> int | None:
+    """The training DataLoader's batch size (evidence for the replay's batch dimension)."""
+    return probes.loaders[_training_loader(probes)].batch_size if probes.loaders else None
 
 
 def _training_loader(probes: StepProbes) -> int:
@@ -491,7 +496,8 @@ class watch:
         if not self._probes.samples:
             return stopped  # nothing measured: the block's own exception (if any) goes on
         device = self._schedule.device
-        scaling = measure_scaling(self._schedule.captured, device)  # the model at B and 4B
+        scaling = measure_scaling(self._schedule.captured, device,  # the model at B and 4B
+                                  loader_batch=_loader_batch(self._probes))
         read = _worker_read(self._probes) if self._probes.loaders else None
         gather = _gather_s(self._probes) if self._probes.loaders else None
         totals, note = _chain(self._chain, self._marks, self._probes)

@@ -35,8 +35,8 @@ import torch
 
 from looptune.measure.records import BatchScaling
 
-__all__ = ["ModelCapture", "math_sdpa", "measure_scaling", "replay_module", "replay_problem",
-           "time_model_in_step", "with_in_step"]
+__all__ = ["UNKNOWN_DIM", "ModelCapture", "batch_dimension", "math_sdpa", "measure_scaling", "replay_modules",
+           "replay_plan", "replay_problem", "time_model_in_step", "with_in_step"]
 
 FACTOR = 4  # the larger batch: the batch-size remedy proposes the same factor
 MIN_TIME_S = 0.05  # each timed replay runs at least this long (several calls when they are short)
@@ -52,6 +52,29 @@ class _Call:
     module: torch.nn.Module
     args: tuple
     kwargs: dict
+    # its output carried a gradient (grad mode on, a tensor that requires grad): a forward of the
+    # training step, not a torch.no_grad() prediction or evaluation beside it
+    trains: bool = True
+    grad: bool = True  # grad mode was on for the call
+    # the script's autocast around the call, (device type, dtype), replayed the same; None: off
+    autocast: tuple[str, torch.dtype] | None = None
+
+
+def _autocast_now() -> tuple[str, torch.dtype] | None:
+    for device_type in ("cuda", "cpu"):
+        if torch.is_autocast_enabled(device_type):
+            return device_type, torch.get_autocast_dtype(device_type)
+    return None
+
+
+def _needs_grad(out: Any) -> bool:
+    if isinstance(out, torch.Tensor):
+        return out.requires_grad
+    if isinstance(out, dict):
+        return any(_needs_grad(v) for v in out.values())
+    if isinstance(out, (list, tuple)):
+        return any(_needs_grad(v) for v in out)
+    return False
 
 
 class ModelCapture:
@@ -71,13 +94,19 @@ class ModelCapture:
         def __call__(module, *args, **kwargs):
             if threading.get_ident() != capture._thread:
                 return original(module, *args, **kwargs)
+            entry = None
             if capture._depth == 0:
-                capture.calls.append(_Call(module, args, kwargs))
+                entry = _Call(module, args, kwargs, trains=False, grad=torch.is_grad_enabled(),
+                              autocast=_autocast_now())
+                capture.calls.append(entry)
             capture._depth += 1
             try:
-                return original(module, *args, **kwargs)
+                out = original(module, *args, **kwargs)
             finally:
                 capture._depth -= 1
+            if entry is not None:
+                entry.trains = torch.is_grad_enabled() and _needs_grad(out)
+            return out
 
         torch.nn.Module.__call__ = __call__
         return self
@@ -88,44 +117,130 @@ class ModelCapture:
             self._original = None
 
 
-def _batch_of(call: _Call) -> int | None:
-    """The leading dimension of the call's first tensor input (its batch), if any."""
+def _first_tensor(call: _Call) -> torch.Tensor | None:
     for value in (*call.args, *call.kwargs.values()):
         if isinstance(value, torch.Tensor) and value.ndim >= 1:
-            return int(value.shape[0])
+            return value
+        if isinstance(value, (list, tuple)):  # a batch passed as one tuple
+            inner = next((v for v in value if isinstance(v, torch.Tensor) and v.ndim >= 1), None)
+            if inner is not None:
+                return inner
     return None
+
+
+def _batch_of(call: _Call, dim: int = 0) -> int | None:
+    """The size of dimension ``dim`` of the call's first tensor input (its batch), if any."""
+    x = _first_tensor(call)
+    return int(x.shape[dim]) if x is not None and x.ndim > dim else None
+
+
+UNKNOWN_DIM = "the batch dimension cannot be told"
+_SEQUENCE = (torch.nn.RNNBase, torch.nn.Transformer, torch.nn.TransformerEncoderLayer,
+             torch.nn.TransformerDecoderLayer, torch.nn.MultiheadAttention)
+
+
+def batch_dimension(call: _Call, loader_batch: int | None = None) -> tuple[int | None, str]:
+    """Which dimension of the call's input is the batch, and the evidence that decided it (issue
+    32: a time-major LSTM's ``[bptt, batch]`` input was scaled along its sequence). In order: the
+    dimension equal to the training DataLoader's batch size; a sequence layer's ``batch_first``
+    (False: time-major, dimension 1); else the leading dimension, by convention. None when the
+    evidence cannot place it (a time-major model fed a 1-D input): nothing is promised from it."""
+    x = _first_tensor(call)
+    if x is None:
+        return None, "no tensor input"
+    layers = [m for m in call.module.modules() if isinstance(m, _SEQUENCE)]
+    time_major = [m for m in layers if not getattr(m, "batch_first", False)]
+    named = type(time_major[0]).__name__ if time_major else ""
+    if loader_batch:
+        dims = [d for d in range(x.ndim) if x.shape[d] == loader_batch]
+        if dims:
+            dim = 1 if time_major and 1 in dims else dims[0]
+            return dim, f"dimension {dim}: the DataLoader's batch_size {loader_batch}"
+    if time_major and len(time_major) == len(layers):
+        if x.ndim < 2:
+            return None, (f"its {named} is time-major (batch_first=False) but its input is 1-D "
+                          f"{tuple(x.shape)}: {UNKNOWN_DIM}")
+        return 1, f"dimension 1: its {named} has batch_first=False (time-major input)"
+    if time_major:  # time-major and batch-first layers in one model: no rule tells
+        return None, (f"its sequence layers disagree on batch_first ({named} is time-major): "
+                      f"{UNKNOWN_DIM}")
+    return 0, "dimension 0: the leading dimension (no other evidence)"
+
+
+@dataclass
+class _Part:
+    """One module the step trains, as the replay runs it."""
+
+    call: _Call  # its first training call in the step (inputs replayed)
+    calls: int  # its training calls per step (accumulation, closures, a GAN's D on real + fake)
+    dim: int
+    batch: int
+    evidence: str
+
+
+def _unwrapped(call: _Call) -> _Call:
+    inner = getattr(call.module, "module", None)  # DistributedDataParallel / DataParallel
+    if isinstance(inner, torch.nn.Module) and type(call.module).__name__ in _WRAPPERS:
+        return dataclasses.replace(call, module=inner)  # a replay must not all-reduce its grads
+    return call
 
 
 def _params(module: torch.nn.Module) -> int:
     return sum(p.numel() for p in module.parameters() if p.requires_grad)
 
 
-def replay_problem(calls: list[_Call]) -> tuple[_Call | None, str | None]:
-    """The call to replay (the module with the most trainable parameters), or why none can be."""
+def replay_plan(calls: list[_Call], loader_batch: int | None = None
+                ) -> tuple[list[_Part], str | None]:
+    """Every module whose forward reached a backward in the step (its output carried a
+    gradient; a torch.no_grad() prediction beside the step does not), with its calls per step
+    and its batch dimension; the largest first. Or why none can be replayed."""
     if not calls:
-        return None, "no nn.Module was called in the step (a functional model)"
-    call = max(calls, key=lambda c: _params(c.module))  # ties: the first, usually the model
-    inner = getattr(call.module, "module", None)  # DistributedDataParallel / DataParallel
-    if isinstance(inner, torch.nn.Module) and type(call.module).__name__ in _WRAPPERS:
-        call = _Call(inner, call.args, call.kwargs)  # a replay must not all-reduce its grads
-    name = type(call.module).__name__
-    if _params(call.module) == 0:
-        return None, f"the modules called in the step ({name}, ...) have no trainable parameters"
-    if type(call.module).__name__ == "OptimizedModule":
-        # at another batch size it would recompile (tens of seconds); its eager module scales
-        # differently (measured: a 2.57x promise from an eager replay, 1.16x rerun compiled)
-        return None, ("the model is torch.compile'd: replaying it at another batch size would "
-                      "recompile it, and its eager module does not scale as the compiled one")
-    if _batch_of(call) is None:
-        return None, f"{name} was called without a tensor input whose first dimension is a batch"
-    return call, None
+        return [], "no nn.Module was called in the step (a functional model)"
+    trained = [_unwrapped(c) for c in calls if c.trains]
+    if not trained:
+        names = ", ".join(dict.fromkeys(type(c.module).__name__ for c in calls))
+        if any(c.grad and _params(c.module) == 0 for c in calls):
+            return [], f"the modules called in the step ({names}) have no trainable parameters"
+        return [], (f"no module called in the step ({names}) returned an output with a gradient "
+                    "(torch.no_grad() calls only)")
+    groups: dict[int, list[_Call]] = {}
+    for c in trained:
+        groups.setdefault(id(c.module), []).append(c)
+    with_params = [g for g in groups.values() if _params(g[0].module) > 0]
+    if not with_params:
+        name = type(trained[0].module).__name__
+        return [], f"the modules called in the step ({name}, ...) have no trainable parameters"
+    with_params.sort(key=lambda g: -_params(g[0].module))  # stable: ties keep the call order
+    parts = []
+    for group in with_params:
+        call, name = group[0], type(group[0].module).__name__
+        if name == "OptimizedModule":
+            # at another batch size it would recompile (tens of seconds); its eager module scales
+            # differently (measured: a 2.57x promise from an eager replay, 1.16x rerun compiled)
+            return [], ("the model is torch.compile'd: replaying it at another batch size would "
+                        "recompile it, and its eager module does not scale as the compiled one")
+        dim, evidence = batch_dimension(call, loader_batch)
+        if dim is None:
+            return [], f"{name}: {evidence}"
+        batch = _batch_of(call, dim)
+        if batch is None:
+            return [], f"{name} was called without a tensor input whose first dimension is a batch"
+        parts.append(_Part(call=call, calls=len(group), dim=dim, batch=batch, evidence=evidence))
+    return parts, None
 
 
-def replay_module(calls: list[_Call]) -> torch.nn.Module | None:
-    """The module the replay will run (None when it cannot): the probes time its forward +
+def replay_problem(calls: list[_Call]) -> tuple[_Call | None, str | None]:
+    """The main call to replay (the trained module with the most parameters), or why none can
+    be (see :func:`replay_plan`)."""
+    parts, problem = replay_plan(calls)
+    return (parts[0].call if parts else None), problem
+
+
+def replay_modules(calls: list[_Call]) -> list[torch.nn.Module]:
+    """The modules the replay will run (none when it cannot): the probes time their forwards +
     backward inside the script's own steps, for the replay's share of them."""
-    call, _ = replay_problem(calls)
-    return None if call is None else call.module
+    parts, _ = replay_plan(calls)
+    return [p.call.module for p in parts]
 
 
 def time_model_in_step(schedule: Any, probes: Any) -> None:
@@ -133,7 +248,7 @@ def time_model_in_step(schedule: Any, probes: Any) -> None:
     each later step: the replay's share of the step, measured in the step's own seconds (on CUDA
     the host clock sees launches; the replay's synchronized time is used there)."""
     if schedule.device.type == "cpu":
-        schedule.on_captured = lambda calls: probes.time_model(replay_module(calls))
+        schedule.on_captured = lambda calls: probes.time_model(replay_modules(calls))
 
 
 def with_in_step(scaling: BatchScaling | None, measured: list[Any],
@@ -145,16 +260,26 @@ def with_in_step(scaling: BatchScaling | None, measured: list[Any],
     spans = [s.model_s for s in measured]
     if any(t is None for t in spans) or not all(spans):
         return scaling
-    return dataclasses.replace(scaling, in_step_s=statistics.median(spans))
+    in_step = statistics.median(spans)
+    return dataclasses.replace(scaling, in_step_s=in_step)
 
 
-def _grow(value: Any, batch: int, factor: int) -> Any:
-    if isinstance(value, torch.Tensor) and value.ndim >= 1 and value.shape[0] == batch:
-        return value.detach().repeat(factor, *([1] * (value.ndim - 1)))
-    if isinstance(value, (list, tuple)):
-        return type(value)(_grow(v, batch, factor) for v in value)
+def _grow(value: Any, batch: int, factor: int, dim: int = 0) -> Any:
+    """``value`` with every tensor whose dimension ``dim`` is ``batch`` repeated ``factor`` times
+    along it (an LSTM's hidden state ``[layers, batch, hidden]`` too); every tensor detached from
+    the script's graph (a second module's input is the first one's output)."""
+    if isinstance(value, torch.Tensor):
+        if value.ndim > dim and value.shape[dim] == batch and factor > 1:
+            reps = [1] * value.ndim
+            reps[dim] = factor
+            return value.detach().repeat(*reps)
+        return value.detach() if value.requires_grad else value
+    if isinstance(value, (list, tuple)) and not hasattr(value, "_fields"):
+        return type(value)(_grow(v, batch, factor, dim) for v in value)
+    if isinstance(value, tuple):  # a namedtuple
+        return type(value)(*(_grow(v, batch, factor, dim) for v in value))
     if isinstance(value, dict):
-        return {k: _grow(v, batch, factor) for k, v in value.items()}
+        return {k: _grow(v, batch, factor, dim) for k, v in value.items()}
     return value
 
 
@@ -174,45 +299,69 @@ def _scalar(out: Any) -> torch.Tensor | None:
     return None
 
 
-def measure_scaling(calls: list[_Call], device: torch.device, *,
-                    factor: int = FACTOR) -> BatchScaling:
-    """Replay the step's model at its batch and at ``factor`` x it; see the module docstring."""
-    call, problem = replay_problem(calls)
-    if call is None:
-        return BatchScaling(batch=None, factor=factor, note=problem)
-    batch = _batch_of(call)
-    calls_per_step = sum(1 for c in calls if c.module is call.module
-                         or getattr(c.module, "module", None) is call.module)
-    name = type(call.module).__name__
+def measure_scaling(calls: list[_Call], device: torch.device, *, factor: int = FACTOR,
+                    loader_batch: int | None = None) -> BatchScaling:
+    """Replay the step's trained modules at their batch and at ``factor`` x it; see the module
+    docstring. One module: its calls per step scale its replay (``calls_per_step``); several (a
+    GAN's generator and discriminator, an encoder and a decoder): one replay runs each as often
+    as the step called it, and stands for the whole step's model work."""
+    parts, problem = replay_plan(calls, loader_batch)
+    if not parts:
+        return BatchScaling(batch=None, factor=factor, note=problem,
+                            batch_dim=None if problem and UNKNOWN_DIM in problem else 0)
+    main = parts[0]
+    batch, many = main.batch, len(parts) > 1
+    name = (" + ".join(f"{p.calls}x {type(p.call.module).__name__}" if p.calls > 1
+                       else type(p.call.module).__name__ for p in parts) if many
+            else type(main.call.module).__name__)
     try:
-        model = copy.deepcopy(call.module)  # the script's model and its grads stay untouched
-        model.train(call.module.training)
-        small = (call.args, call.kwargs)
-        large = (_grow(call.args, batch, factor), _grow(call.kwargs, batch, factor))
-        run = {b: _replayer(model, *inputs, device) for b, inputs in
-               ((batch, small), (batch * factor, large))}
-        run["bf16"] = _replayer(model, *small, device, bf16=True)  # the bf16 remedy, measured
+        replays: dict[Any, list] = {batch: [], batch * factor: [], "bf16": []}
+        for part in parts:
+            model = copy.deepcopy(part.call.module)  # the script's model and grads stay untouched
+            model.train(part.call.module.training)
+            small = (_grow(part.call.args, part.batch, 1, part.dim),
+                     _grow(part.call.kwargs, part.batch, 1, part.dim))
+            large = (_grow(part.call.args, part.batch, factor, part.dim),
+                     _grow(part.call.kwargs, part.batch, factor, part.dim))
+            times = part.calls if many else 1
+            mode = part.call.autocast  # the script's own autocast, as it ran the step
+            replays[batch].append((_replayer(model, *small, device, autocast=mode), times))
+            replays[batch * factor].append((_replayer(model, *large, device, autocast=mode), times))
+            replays["bf16"].append((_replayer(model, *small, device, bf16=True), times))
+        run = {key: (fns[0][0] if len(fns) == 1 and fns[0][1] == 1 else _together(fns))
+               for key, fns in replays.items()}
         # warm-up: first-call allocations, oneDNN primitive creation; each one's time decides how
         # often it is timed again (a CPU without native bf16 may take 100x longer under bf16)
         warm = {key: _time_once(fn, device) for key, fn in run.items()}
-        times: dict[Any, list[float]] = {key: [] for key in run}
+        times_s: dict[Any, list[float]] = {key: [] for key in run}
         pair = [(key, run[key]) for key in (batch, batch * factor)]
         for i in range(_rounds(warm[batch] + warm[batch * factor])):
             # ABBA order: a drift of the machine's speed hits both sizes alike
             for key, fn in (pair if i % 2 == 0 else pair[::-1]):
-                times[key].append(_time(fn, device))
+                times_s[key].append(_time(fn, device))
         for _ in range(_rounds(warm["bf16"]) if warm["bf16"] < BUDGET_S else 0):
-            times["bf16"].append(_time(run["bf16"], device))
-        times["bf16"] = times["bf16"] or [warm["bf16"]]  # too slow to repeat: its one call
+            times_s["bf16"].append(_time(run["bf16"], device))
+        times_s["bf16"] = times_s["bf16"] or [warm["bf16"]]  # too slow to repeat: its one call
     except (RuntimeError, TypeError, ValueError) as err:  # OOM, a shape the model refuses, ...
         first = str(err).strip().splitlines()[0][:200] if str(err).strip() else ""
         return BatchScaling(batch=batch, factor=factor, module=name,
                             note=f"replaying {name} failed ({type(err).__name__}: {first})")
     # the fastest round of each: this kind of VM drifts between speeds for seconds at a time, and
     # a slow phase only ever adds time
-    return BatchScaling(batch=batch, factor=factor, module=name, calls_per_step=calls_per_step,
-                        small_s=min(times[batch]), large_s=min(times[batch * factor]),
-                        bf16_s=min(times["bf16"]), beside_busy_s=_beside_busy(run[batch], device))
+    return BatchScaling(batch=batch, factor=factor, module=name,
+                        calls_per_step=1 if many else main.calls,
+                        small_s=min(times_s[batch]), large_s=min(times_s[batch * factor]),
+                        bf16_s=min(times_s["bf16"]), beside_busy_s=_beside_busy(run[batch], device),
+                        batch_dim=main.dim, batch_evidence=main.evidence, modules=len(parts))
+
+
+def _together(fns: list[tuple[Any, int]]):
+    """One replay of several modules: each run as many times as the step called it."""
+    def once() -> None:
+        for fn, times in fns:
+            for _ in range(times):
+                fn()
+    return once
 
 
 BUSY_S = 0.3  # the replay beside a busy process: at least this long, the mean kept
@@ -240,11 +389,16 @@ def _beside_busy(fn, device: torch.device) -> float | None:
 
 
 def _replayer(model: torch.nn.Module, args: tuple, kwargs: dict, device: torch.device,
-              bf16: bool = False):
+              bf16: bool = False, autocast: tuple[str, torch.dtype] | None = None):
+    """Forward + backward of the model at these inputs: under bf16 autocast (the remedy), else
+    under the script's own autocast when it ran one (``autocast``)."""
+    kind, dtype = (device.type, torch.bfloat16) if bf16 or autocast is None else autocast
+
     def once() -> None:
         for p in model.parameters():
             p.grad = None
-        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16), math_sdpa(bf16):
+        with torch.autocast(kind, dtype=dtype, enabled=bf16 or autocast is not None), \
+                math_sdpa(bf16):
             out = model(*args, **kwargs)
         loss = _scalar(out)
         if loss is None:

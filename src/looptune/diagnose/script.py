@@ -22,8 +22,8 @@ import torch
 from looptune.diagnose.predecode import PREDECODE, predecoded
 from looptune.measure.probes import StopScript
 
-__all__ = ["KNOWN_FIXES", "Seen", "exit_status", "forked_children_exit_alone", "known_fix",
-           "module_exists", "overridden_loaders", "raised_where", "script_env"]
+__all__ = ["KNOWN_FIXES", "Seen", "exit_status", "forget_script_modules", "forked_children_exit_alone",
+           "known_fix", "module_exists", "overridden_loaders", "raised_where", "script_env"]
 
 # errors old scripts hit on a newer torch, exactly when a user first tries a tool on them: a
 # pattern of the exception's text -> the known fix
@@ -59,35 +59,57 @@ def module_exists(name: object) -> bool:
 def script_env(target: str | Callable, args: Sequence[str], module: bool) -> Iterator[Callable]:
     saved_argv, saved_path, threads = sys.argv[:], sys.path[:], torch.get_num_threads()
     modules_before = set(sys.modules)
+    home: str | None = None  # the folder the script's own modules are imported from
     try:
         if callable(target):
             sys.argv = [getattr(target, "__name__", "<callable>"), *args]
             yield target
         elif module:
             sys.argv = [target, *args]
-            sys.path.insert(0, os.getcwd())  # as `python -m` does
+            home = os.getcwd()
+            sys.path.insert(0, home)  # as `python -m` does
             yield lambda: runpy.run_module(target, run_name="__main__", alter_sys=True)
         else:
             sys.argv = [str(target), *args]
-            sys.path.insert(0, str(Path(target).resolve().parent))  # as `python script.py` does
+            home = str(Path(target).resolve().parent)
+            sys.path.insert(0, home)  # as `python script.py` does
             yield lambda: runpy.run_path(str(target), run_name="__main__")  # argv[0] as given
     finally:
         sys.argv[:] = saved_argv
         sys.path[:] = saved_path
         torch.set_num_threads(threads)  # a script may change it; this process goes on after
-        _forget_user_modules(modules_before)
+        if home is not None:
+            forget_script_modules(modules_before, home, saved_path)
 
 
-def _forget_user_modules(before: set[str]) -> None:
-    """Drop modules the script imported from outside site-packages and the standard library, so
-    a rerun (--verify) or the next script imports them afresh, as a new process would."""
+def forget_script_modules(before: set[str], home: str, path: Sequence[str] = ()) -> list[str]:
+    """Drop the modules the script imported from its own folder (``home``: the script's folder,
+    or the working folder for ``-m``), so a rerun (--verify) or the next script imports them afresh,
+    as a new process would. Packages it imported from anywhere else (site-packages, PYTHONPATH,
+    ``pip --target``, user installs; ``path``: the import path besides ``home``) stay: dropping them
+    while other packages kept references to their objects broke a LightningCLI rerun (issue 32:
+    ``KeyError: <DocstringStyle.AUTO>``), and python keeps them too when one process runs a script
+    twice. A module is the script's when ``home`` is the deepest import-path folder holding it (a
+    ``pip --target libs`` inside the script's folder is not). Returns the names dropped."""
     import sysconfig
 
-    system = {sysconfig.get_paths()[k] for k in ("stdlib", "platstdlib", "purelib", "platlib")}
+    def folder(p: str) -> str:
+        return os.path.join(os.path.realpath(p or os.getcwd()), "")
+
+    root = folder(home)
+    others = [f for f in {folder(p) for p in path} | {folder(sysconfig.get_paths()[k]) for k in
+              ("stdlib", "platstdlib", "purelib", "platlib")} if f != root]
+    dropped = []
     for name in set(sys.modules) - before:
-        path = getattr(sys.modules[name], "__file__", None) or ""
-        if path and not any(path.startswith(root) for root in system) and "looptune" not in name:
+        file = getattr(sys.modules.get(name), "__file__", None)
+        if not file or name.startswith("looptune"):
+            continue
+        real = os.path.realpath(file)
+        if real.startswith(root) and not any(real.startswith(o) and len(o) > len(root)
+                                             for o in others):
             del sys.modules[name]
+            dropped.append(name)
+    return dropped
 
 
 def known_fix(error: str | None) -> str | None:

@@ -40,6 +40,7 @@ Each probe costs a ``perf_counter`` pair and a Python call (~1 us), far below a 
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 import threading
 import time
@@ -246,13 +247,14 @@ class StepProbes:
         return zero_grad
 
     # -- the model's forward + backward inside the step --------------------------------------
-    def time_model(self, module: torch.nn.Module | None) -> None:
-        """Time ``module``'s forward + backward in every following step (``StepSample.model_s``);
-        None stops timing."""
+    def time_model(self, modules: torch.nn.Module | list[torch.nn.Module] | None) -> None:
+        """Time the forwards of ``modules`` to the end of the backward after them, in every
+        following step (``StepSample.model_s``); None or none stops timing."""
         self.untime_model()
-        if module is None:
+        modules = [modules] if isinstance(modules, torch.nn.Module) else list(modules or [])
+        if not modules:
             return
-        self._model_hook = module.register_forward_pre_hook(ForwardStart(self))
+        self._model_hook = [m.register_forward_pre_hook(ForwardStart(self)) for m in modules]
         self._model, self._model_t0 = 0.0, None
 
     def forward_started(self) -> None:
@@ -264,9 +266,9 @@ class StepProbes:
                 self._enter("forward")  # until the backward starts: the loss is the forward's
 
     def untime_model(self) -> None:
-        if self._model_hook is not None:
-            self._model_hook.remove()
-            self._model_hook = None
+        for hook in self._model_hook or []:
+            hook.remove()
+        self._model_hook = None
 
     # -- step boundary ---------------------------------------------------------------------
     def _step_pre_hook(self, optimizer: Any, args: Any, kwargs: Any) -> None:
@@ -484,9 +486,18 @@ class StepProbes:
 
         def __iter__(loader):
             probes.record_loader(loader)
-            return original(loader)
+            it = original(loader)
+            probes.note_pinning(loader, it)
+            return it
 
         return __iter__
+
+    def note_pinning(self, loader: DataLoader, it: object) -> None:
+        """Whether the iterator pins its batches, as this torch decided (LoaderInfo.pinned)."""
+        info = self.loaders.get(id(loader))
+        pinned = getattr(it, "_pin_memory", None)
+        if info is not None and info.pinned is None and isinstance(pinned, bool):
+            self.loaders[id(loader)] = dataclasses.replace(info, pinned=pinned)
 
     def _sync_probe(self, name: str) -> Callable[[Callable], Callable]:
         probes = self

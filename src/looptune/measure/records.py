@@ -52,6 +52,10 @@ class LoaderInfo:
     # dataset[0] read twice gave different tensors: a random per-sample transform (augmentation)
     random_per_sample: bool | None = None
     samples: int | None = None  # len(dataset); None for a stream
+    # whether this torch's DataLoader iterator pinned the batches (read from the iterator the
+    # script made: torch >= 2.x pins only when an accelerator is available, whatever pin_memory
+    # says); None: not seen (an iterator made before the probes went on)
+    pinned: bool | None = None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -88,6 +92,12 @@ class BatchScaling:
     # seconds as the rest of the step (a VM's slow phase during the script then scales both)
     in_step_s: float | None = None
     note: str | None = None  # why it was not measured
+    # which dimension of the input is the batch, and the evidence that decided it (the
+    # DataLoader's batch size, a sequence layer's batch_first, the leading dimension); None: the
+    # evidence could not place it, and no batch-size promise is made
+    batch_dim: int | None = 0
+    batch_evidence: str | None = None
+    modules: int = 1  # trained modules replayed together (a GAN's generator and discriminator)
 
     @property
     def measured(self) -> bool:
