@@ -138,7 +138,8 @@ def _remedies(m: Measurements, p: StepProfile, *, bottleneck: str, timing: str,
     return (memory_remedies(m, p) if bottleneck == "memory" else []) + ranked
 
 
-def _rank_key(r: Remedy) -> float:
-    """Largest bound first; a per-sample bound (a larger batch) counts / its discount."""
-    return -(r.expected_speedup / PER_SAMPLE_DISCOUNT.get(r.kind, 1.0))
+def _rank_key(r: Remedy) -> tuple[bool, float]:
+    """Measured bounds before estimated ones; within each, the largest bound first (a per-sample
+    bound, a larger batch, counts / its discount)."""
+    return r.estimated, -(r.expected_speedup / PER_SAMPLE_DISCOUNT.get(r.kind, 1.0))
 

@@ -62,7 +62,7 @@ def cpu_compute_remedies(m: Measurements, *, step_s: float, compute_s: float,
             bf16_action(m)[0] + " (only if the CPU has AMX/avx512_bf16; measure)", step_s,
             c * step_s * BF16_CPU_FALLBACK_SAVED,
             f"compute is {c:.1%} of the step; the FLOPs or matmul rates are unknown, so a low "
-            f"bound: 1/(1 - {c:.4f} x {BF16_CPU_FALLBACK_SAVED})")]
+            f"bound: 1/(1 - {c:.4f} x {BF16_CPU_FALLBACK_SAVED})", estimated=True)]
     matmul_s = min(compute_s, flops / fp32)
     out = []
     sc = m.batch_scaling
@@ -119,7 +119,11 @@ def bf16_action(m: Measurements, device: str = "cpu") -> tuple[str, str]:
             "flash kernel, whose bf16 backward is slow: pin the math kernel with bf16")
 
 
-def _bounded(action: str, step_s: float, saved_s: float, reason: str) -> Remedy:
+def _bounded(action: str, step_s: float, saved_s: float, reason: str,
+             estimated: bool | None = None) -> Remedy:
+    """``estimated``: the bound rests on an assumed fraction (default: compile's, not bf16's)."""
     speedup = step_s / max(step_s - saved_s, 1e-12)
+    bf16 = action.startswith("bf16")
     return Remedy(action=action, expected_speedup=round(speedup, 2), reason=reason,
-                  kind="precision" if action.startswith("bf16") else "compile")
+                  kind="precision" if bf16 else "compile",
+                  estimated=(not bf16) if estimated is None else estimated)

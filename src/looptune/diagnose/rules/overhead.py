@@ -104,5 +104,5 @@ def overhead_remedies(m: Measurements, p: StepProfile, *, memory_bound: bool) ->
             fraction=1.0, reason=(
                 f"host time the GPU idles through (launches, dispatch) is {other:.1%} of the "
                 f"step: 1/(1 - {other:.4f}); syncs are left to the sync remedy (a graph breaks at "
-                ".item())"), kind="compile"))
+                ".item())"), kind="compile", estimated=True))
     return out

@@ -71,10 +71,10 @@ def amdahl(share: float, fraction: float = 1.0) -> float:
 
 
 def amdahl_remedy(*, action: str, share: float, fraction: float, reason: str,
-                  kind: str) -> Remedy:
+                  kind: str, estimated: bool = False) -> Remedy:
     """A remedy whose expected speedup is the Amdahl bound of removing ``fraction`` of ``share``."""
     return Remedy(action=action, expected_speedup=round(amdahl(share, fraction), 2),
-                  reason=reason, kind=kind)
+                  reason=reason, kind=kind, estimated=estimated)
 
 
 def largest_phase(values: dict[str, Any]) -> str:
