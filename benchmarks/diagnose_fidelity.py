@@ -39,7 +39,10 @@ def fixtures(data: str | None, out_dir: str) -> list[tuple[str, list[str]]]:
             ("compiled_step.py", ["--samples", "16384", "--width", "512"]),
             ("lightning_mnist.py", ["--max-steps", "200"]),
             ("accelerate_loop.py", []),
-            ("hf_trainer.py", ["--max-steps", "200"])]
+            ("hf_trainer.py", ["--max-steps", "200"]),
+            ("dcgan.py", ["--samples", "4096"]),  # issue 32: two models, two optimizers
+            ("lbfgs_sequence.py", ["--steps", "60", "--length", "120"]),  # closures, no loader
+            ("time_major_lm.py", ["--tokens", "200000"])]  # [bptt, batch], hand SGD
 
 
 _NEEDS = {"lightning_mnist.py": "lightning", "accelerate_loop.py": "accelerate",

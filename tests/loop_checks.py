@@ -55,3 +55,31 @@ def the_steps_own_verdict(d) -> str:
         over = host >= HOST_OVERHEAD_SHARE or (
             ev["syncs_per_step"] >= 1 and d.shares["sync"] >= SYNC_SHARE)
     return "overhead" if over else "compute"
+
+
+def _parts(script: Path, argv: list[str]):
+    spec = importlib.util.spec_from_file_location(f"_parts_{script.stem}", script)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.parts(argv)
+
+
+def per_sample_gain(script: Path, small: list[str], large: list[str], factor: int,
+                    rounds: int = 4) -> float:
+    """The independent measurement of a larger batch: the script's own step (its ``parts()``) at
+    the two batch sizes ``small`` and ``large`` (argv), interleaved (ABBA) after a warm-up each,
+    the fastest step of each; returns time per sample at small / at large."""
+    steps = {}
+    for key, argv in (("small", small), ("large", large)):
+        loader, step = _parts(script, argv)
+        batches = list(loader) if isinstance(loader, list) else [next(iter(loader))]
+        step(batches[0])  # warm-up: first-call allocations
+        steps[key] = (step, batches)
+    best = {"small": float("inf"), "large": float("inf")}
+    for i in range(rounds):
+        for key in (("small", "large") if i % 2 == 0 else ("large", "small")):
+            step, batches = steps[key]
+            t0 = time.perf_counter()
+            step(batches[i % len(batches)])
+            best[key] = min(best[key], time.perf_counter() - t0)
+    return factor * best["small"] / best["large"]

@@ -106,6 +106,36 @@ def test_argv_path_and_patches_are_restored_and_short_runs_reported(tmp_path):
     assert DataLoader.__iter__.__name__ == "__iter__" and DataLoader.__iter__.__module__.startswith("torch")
 
 
+def test_a_rerun_imports_the_scripts_own_modules_afresh_and_keeps_packages_from_elsewhere(
+        tmp_path, monkeypatch):
+    # issue 32: with a package on PYTHONPATH (here also a `pip --target libs` inside the script's
+    # folder), dropping it between runs while others kept its objects broke a LightningCLI rerun
+    home, ext = tmp_path / "proj", tmp_path / "ext"
+    (home / "libs" / "targetpkg").mkdir(parents=True)
+    (ext / "extpkg").mkdir(parents=True)
+    stamp = "import time\nSTAMP = time.perf_counter_ns()\n"  # when the module was imported
+    (ext / "extpkg" / "__init__.py").write_text(stamp)
+    (home / "libs" / "targetpkg" / "__init__.py").write_text(stamp)
+    (home / "helper.py").write_text(stamp)
+    out = home / "stamps.txt"
+    (home / "train.py").write_text(
+        "import torch\nimport extpkg, targetpkg, helper\n"
+        f"open({str(out)!r}, 'a').write(f'{{extpkg.STAMP}} {{targetpkg.STAMP}} {{helper.STAMP}}\\n')\n"
+        "m = torch.nn.Linear(2, 1)\nopt = torch.optim.SGD(m.parameters(), lr=0.1)\n"
+        "for _ in range(8):\n    opt.zero_grad()\n    m(torch.ones(4, 2)).sum().backward()\n"
+        "    opt.step()\n")
+    monkeypatch.syspath_prepend(str(ext))
+    monkeypatch.syspath_prepend(str(home / "libs"))
+    for _ in range(2):
+        looptune.diagnose(str(home / "train.py"), steps=3, warmup=1)
+    first, second = (line.split() for line in out.read_text().splitlines())
+    assert first[:2] == second[:2]  # extpkg (PYTHONPATH) and targetpkg (--target libs): kept
+    assert first[2] != second[2]  # the script's own helper.py: imported afresh
+    assert "helper" not in sys.modules and "extpkg" in sys.modules
+    for name in ("extpkg", "targetpkg"):
+        monkeypatch.delitem(sys.modules, name)
+
+
 def test_dataloader_worker_processes_and_the_two_core_finding(monkeypatch):
     monkeypatch.setattr("os.cpu_count", lambda: 2)
     d = run("workers.py", steps=20)
@@ -318,8 +348,11 @@ def _check_verified(d):
     promised = v["expected_speedup"]
     assert v["applied"] and v["after_step_ms"] > 0 and v["after_steps_measured"] >= 1
     if v["loss_parity"] is False or v.get("changes_training"):
-        assert v["speedup"] is None and "short" not in v
-        assert d.remedies[-1] is remedy and remedy.measured_speedup is None
+        assert v["speedup"] is None
+        if "short" in v:  # a larger batch whose throughput alone is under SHORT x the promise
+            assert remedy.measured_speedup == round(v["measured_gain"], 2)
+        else:
+            assert d.remedies[-1] is remedy and remedy.measured_speedup is None
         return "changes the training"
     if v["speedup"] is None:  # nothing measured to compare: no gain recorded, nothing moved
         assert "short" not in v and remedy.measured_speedup is None
@@ -329,8 +362,10 @@ def _check_verified(d):
         assert "short" not in v
         assert v["after_error"] is None and v["after_steps_measured"] >= 2
         return "delivered"
-    assert v["short"] == (f"measured {v['speedup']:.2f}x, short of the {promised:.2f}x bound "
-                          f"(< {SHORT:.0%} of it): ranked by the measured gain")
+    assert v["short"] == (f"fell short: measured {v['speedup']:.2f}x, {v['speedup'] / promised:.0%} "
+                          f"of the promised {promised:.2f}x (< {SHORT:.0%}): ranked by the "
+                          "measured gain")
+    assert v["of_promise"] == pytest.approx(v["speedup"] / promised)
     ranked = [r.measured_speedup or r.expected_speedup for r in d.remedies if r.kind != "memory"]
     assert ranked == sorted(ranked, reverse=True)  # re-ranked by what was measured
     return "fell short"
@@ -383,3 +418,27 @@ def test_a_bf16_rerun_that_falls_short_of_its_promise_is_reported_and_re_ranked(
         assert [r.kind for r in d.remedies] == ["compile", "precision"]
     if not torch.cuda.is_available():
         assert not torch.cuda.is_initialized()
+
+
+def test_the_pin_memory_finding_follows_what_this_torchs_dataloader_did():
+    # issue 32: "pin_memory=True ... an extra copy of every batch" was false on a torch whose
+    # DataLoader pins only when an accelerator is available; the fact is read from the iterator
+    import warnings
+
+    data = torch.utils.data.TensorDataset(torch.randn(512, 8), torch.randint(0, 2, (512,)))
+
+    def train():
+        model = torch.nn.Linear(8, 2)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        for x, y in DataLoader(data, batch_size=16, pin_memory=True):
+            opt.zero_grad()
+            torch.nn.functional.cross_entropy(model(x), y).backward()
+            opt.step()
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # torch's own "no accelerator" warning
+        d = looptune.diagnose(train, steps=8, warmup=2)
+        pins = iter(DataLoader(data, batch_size=16, pin_memory=True))._pin_memory  # torch alone
+    assert d.loaders[0].pin_memory is True and d.loaders[0].pinned is pins
+    found = any(f.name == "pin_without_gpu" for f in d.findings)
+    assert found is (pins and not torch.cuda.is_available())

@@ -134,7 +134,7 @@ def _faked_replay(monkeypatch, warm, timed):
     seconds (timed: a list, one per call); returns the order the timed calls ran in."""
     from looptune.diagnose import scaling
 
-    def replayer(model, args, kwargs, device, bf16=False):
+    def replayer(model, args, kwargs, device, bf16=False, autocast=None):
         key = "bf16" if bf16 else ("B" if args[0].shape[0] == 8 else "kB")
         return SimpleNamespace(key=key)
 
@@ -264,10 +264,50 @@ def test_verify_judges_a_batch_remedy_by_time_to_the_same_loss_not_per_sample():
     assert tl["target_loss"] == pytest.approx(1.125) and tl["before_s"] == pytest.approx(0.2)
     assert tl["after_s"] == pytest.approx(0.432) and out["speedup"] == pytest.approx(0.2 / 0.432)
     assert out["changes_training"].startswith("changes the training") and out["loss_parity"] is None
-    assert out["top"] and "short of the 2.60x bound" in out["short"]
+    assert out["top"] and out["short"].startswith("fell short: measured 0.46x, 18% of the promised 2.60x")
     ranked = apply_measured([batch, other], out)
     assert [r.kind for r in ranked] == ["loader", "batch"]  # ranked by what it measured
     assert ranked[1].measured_speedup == 0.46
+
+
+def test_a_rerun_that_ended_early_is_compared_over_its_steps_and_falls_short_of_its_promise():
+    # issue 32: a DCGAN's batch 16 -> 64 rerun ran out of data after a few iterations; the report
+    # said "not comparable" and hid a per-sample gain (1.08x) far under the promise (1.88x)
+    batch = Remedy(action="batch_size 16 -> 64 (fewer, larger steps)", expected_speedup=1.88,
+                   reason="r", kind="batch")
+    other = Remedy(action="DataLoader(num_workers=1)", expected_speedup=1.3, reason="r",
+                   kind="loader")
+    before = _before(batch=16)
+    before.step_s = before.all_step_s = [0.01] * 20
+    before.losses, before.measured_from = [2.0 - 0.01 * i for i in range(20)], 0
+
+    def ended(**_):  # 8 steps of 37 ms at batch 64, then the script's data ran out
+        return SimpleNamespace(measurements=SimpleNamespace(loaders=[SimpleNamespace(batch_size=64)]),
+                               step_s=[0.037] * 8, error=None, stopped="script_ended",
+                               all_step_s=[0.037] * 8, measured_from=0,
+                               losses=[2.0 - 0.01 * i for i in range(8)])
+
+    out = verify_remedy(_verdict(batch, other), before=before, steps=20, rerun=ended)
+    assert out["partial"] == ("measured over the 8 step(s) the rerun made before it ended "
+                              "(script_ended)")
+    assert out["per_sample_speedup"] == pytest.approx(40 / 37)  # 1.08x
+    assert out["speedup"] is None  # the loss was never reached in so short a rerun
+    assert out["short"] == ("fell short: at most 1.08x per sample (a larger batch also needs more "
+                            "samples to the same loss), 58% of the promised 1.88x (< 70%): ranked "
+                            "by the measured gain")
+    ranked = apply_measured([batch, other], out)
+    assert [r.kind for r in ranked] == ["loader", "batch"] and ranked[1].measured_speedup == 1.08
+
+    def two_steps(**_):  # too few steps to compare: said so, nothing recorded
+        return SimpleNamespace(measurements=SimpleNamespace(loaders=[SimpleNamespace(batch_size=64)]),
+                               step_s=[0.037] * 2, error="RuntimeError: x", stopped="error",
+                               all_step_s=[0.037] * 2, measured_from=0, losses=[2.0, 1.99])
+
+    out = verify_remedy(_verdict(batch, other), before=before, steps=20, rerun=two_steps)
+    assert out["speedup"] is None and "short" not in out
+    assert out["not_comparable"] == ("the rerun made 2 step(s) (fewer than 5) before it raised "
+                                     "RuntimeError: x")
+    assert apply_measured([batch, other], out)[0] == batch  # first, nothing recorded
 
 
 def test_verify_flags_a_rerun_that_stopped_learning_and_never_counts_its_speedup():
@@ -353,7 +393,21 @@ def test_verify_applies_bf16_and_says_when_the_top_remedy_cannot_be_applied():
     assert not out["top"] and "cannot be applied from outside" in out["note"]
     assert "short" not in out and 1.25 >= SHORT * 1.3
     nothing = verify_remedy(_verdict(compiled), before=before, steps=20, rerun=rerun)
-    assert nothing["remedy"] is None and "this diagnosis has compile" in nothing["reason"]
+    assert nothing["remedy"] is None and nothing["reason"] == (
+        "no remedy could be applied from outside the script (compile: a change to the script's "
+        "code): nothing was rerun")
+
+
+def test_a_batch_remedy_without_a_dataloader_says_why_it_was_not_rerun():
+    # issue 32: "no remedy that can be applied (those are loader, batch, ...; this diagnosis
+    # has batch)" contradicted itself on a full-batch script with no DataLoader
+    batch = Remedy(action="batch_size 97 -> 388 (fewer, larger steps)", expected_speedup=1.4,
+                   reason="r", kind="batch")
+    before = SimpleNamespace(measurements=SimpleNamespace(loaders=[]), step_s=[0.01] * 5)
+    out = verify_remedy(_verdict(batch), before=before, steps=5, rerun=None)
+    assert out["remedy"] is None and out["reason"] == (
+        "no remedy could be applied from outside the script (batch (no DataLoader feeds the step: "
+        "the batch size is the script's own tensors, change it in the script)): nothing was rerun")
 
 
 def test_verify_pre_decodes_a_small_dataset_and_skips_one_too_slow_to_read_once():
@@ -575,3 +629,102 @@ def test_batch_verdict_at_exactly_the_threshold_is_overhead(monkeypatch):
     monkeypatch.setattr(batch, "scaled_step", lambda m, p, u=0.0: with_update)
     name, ev = batch_verdict(_m(linear), PHASE)
     assert name == "compute" and "optimizer update streaming the parameters takes" in ev["reason"]
+
+
+# --- what the replay runs: the trained modules, their batch dimension (issue 32) ---------------
+
+def test_a_no_grad_call_beside_the_step_is_never_the_replay():
+    # an LBFGS script predicted 3 rows under torch.no_grad() between its steps: the replay timed
+    # that call ("batch 3 -> 12") instead of the forward that reached the backward (97 rows)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Linear(8, 1))
+    with ModelCapture() as cap:
+        with torch.no_grad():
+            model(torch.randn(3, 4))  # the prediction, first in the captured window
+        model(torch.randn(97, 4)).sum().backward()
+    assert [c.trains for c in cap.calls] == [False, True]
+    call, problem = replay_problem(cap.calls)
+    assert problem is None and call.args[0].shape[0] == 97
+    sc = measure_scaling(cap.calls, torch.device("cpu"))
+    assert sc.batch == 97 and sc.calls_per_step == 1
+    with ModelCapture() as only_eval:
+        with torch.no_grad():
+            model(torch.randn(3, 4))
+    assert "torch.no_grad() calls only" in replay_problem(only_eval.calls)[1]
+
+
+def test_every_trained_module_is_replayed_as_often_as_the_step_calls_it():
+    # a GAN: G once, D three times (real, fake.detach(), fake): all of it is the step's model work
+    from looptune.diagnose.scaling import replay_plan
+
+    G = torch.nn.Sequential(torch.nn.Linear(8, 32), torch.nn.Linear(32, 16))
+    D = torch.nn.Sequential(torch.nn.Linear(16, 64), torch.nn.Linear(64, 1))
+    real = torch.randn(16, 16)
+    with ModelCapture() as cap:
+        D(real).sum().backward()
+        fake = G(torch.randn(16, 8))
+        D(fake.detach()).sum().backward()
+        D(fake).sum().backward()
+    parts, problem = replay_plan(cap.calls)
+    assert problem is None and [(type(p.call.module).__name__, p.calls) for p in parts] == [
+        ("Sequential", 3), ("Sequential", 1)]
+    assert parts[0].call.module is D and parts[1].call.module is G
+    g_before = [p.detach().clone() for p in G.parameters()]
+    sc = measure_scaling(cap.calls, torch.device("cpu"))
+    assert sc.measured and sc.modules == 2 and sc.calls_per_step == 1  # one replay, both in it
+    assert sc.module == "3x Sequential + Sequential" and sc.batch == 16
+    assert all(torch.equal(a, b) for a, b in zip(g_before, G.parameters()))
+
+
+def test_a_time_major_lstm_is_scaled_along_its_batch_not_its_sequence():
+    from looptune.diagnose.scaling import batch_dimension, _Call
+
+    class LM(torch.nn.Module):
+        def __init__(self, batch_first=False):
+            super().__init__()
+            self.emb = torch.nn.Embedding(50, 8)
+            self.rnn = torch.nn.LSTM(8, 8, 2, batch_first=batch_first)
+            self.out = torch.nn.Linear(8, 50)
+
+        def forward(self, x, hidden):
+            y, hidden = self.rnn(self.emb(x), hidden)
+            return self.out(y), hidden
+
+    lm = LM()
+    x, hidden = torch.randint(0, 50, (35, 20)), (torch.zeros(2, 20, 8), torch.zeros(2, 20, 8))
+    call = _Call(lm, (x, hidden), {})
+    assert batch_dimension(call) == (1, "dimension 1: its LSTM has batch_first=False (time-major input)")
+    assert batch_dimension(call, loader_batch=20) == (1, "dimension 1: the DataLoader's batch_size 20")
+    assert batch_dimension(_Call(LM(batch_first=True), (x.t(), hidden), {}))[0] == 0
+    # a 1-D input to a time-major model: cannot be told, and no batch promise is made
+    dim, why = batch_dimension(_Call(lm, (torch.randint(0, 50, (35,)),), {}))
+    assert dim is None and "cannot be told" in why
+    with ModelCapture() as cap:
+        out, _ = lm(x, hidden)
+        out.sum().backward()
+    sc = measure_scaling(cap.calls, torch.device("cpu"))
+    assert sc.measured and sc.batch == 20 and sc.batch_dim == 1  # not 35: the sequence
+    assert sc.batch_evidence.startswith("dimension 1: its LSTM")
+
+
+def test_the_replay_runs_in_the_scripts_own_autocast_and_mode():
+    # issue 32: a replay in another mode than the script's (autocast, eval) times other work
+    seen = []
+
+    class Probe(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = torch.nn.Linear(8, 8)
+
+        def forward(self, x):
+            seen.append((torch.is_autocast_enabled("cpu"), self.training))
+            return self.lin(x)
+
+    model = Probe().eval()  # eval mode with grads: e.g. frozen batch-norm statistics
+    with ModelCapture() as cap:
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            out = model(torch.randn(8, 8))
+        out.float().sum().backward()
+    assert cap.calls[0].autocast == ("cpu", torch.bfloat16)
+    seen.clear()
+    sc = measure_scaling(cap.calls, torch.device("cpu"))
+    assert sc.measured and seen and all(s == (True, False) for s in seen)
