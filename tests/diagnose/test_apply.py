@@ -9,7 +9,7 @@ import types
 import pytest
 import torch
 
-from looptune.diagnose.apply import (FRAMEWORK_SWITCH, framework_precision, overridden_optimizer,
+from looptune.diagnose.apply import (FRAMEWORK_SWITCH, as_float32, framework_precision, overridden_optimizer,
                                      per_forward_autocast)
 from looptune.diagnose.rules.compute import bf16_action
 from looptune.measure.records import Measurements
@@ -34,10 +34,26 @@ def test_autocast_is_entered_per_outermost_forward_and_left_after_it():
     with per_forward_autocast("cpu", hits=hits):
         for _ in range(3):
             out = model(torch.randn(2, 4))
-            assert out.dtype == torch.bfloat16  # the inner Linear ran under autocast
+            # the inner Linear ran under autocast (its bf16 output cast back at the forward's end)
+            assert out.grad_fn.name() == "ToCopyBackward0" and out.dtype == torch.float32
             assert not torch.is_autocast_enabled("cpu")  # left at the forward's end
     assert hits == [3] and seen == [True] * 3  # the inner module did not count again
     assert model(torch.randn(2, 4)).dtype == torch.float32  # hooks removed
+
+
+def test_outputs_come_back_as_float32_for_a_loss_computed_outside_autocast():
+    # the pytorch/examples VAE: F.binary_cross_entropy(recon, x) after the forward refused a bf16
+    # recon against a float32 x ("Found dtype Float but expected BFloat16"): the rerun failed
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Sigmoid())
+    x = torch.rand(2, 4)
+    with per_forward_autocast("cpu"):
+        recon = model(x)
+        torch.nn.functional.binary_cross_entropy(recon, x).backward()
+    assert recon.dtype == torch.float32 and model[0].weight.grad is not None
+    nested = as_float32({"a": (torch.ones(1, dtype=torch.bfloat16), [torch.ones(1, dtype=torch.float16)]),
+                         "n": torch.ones(1, dtype=torch.long)})
+    assert nested["a"][0].dtype == nested["a"][1][0].dtype == torch.float32
+    assert nested["n"].dtype == torch.long
 
 
 def test_the_weights_of_every_step_are_used_not_the_first_steps_casts():

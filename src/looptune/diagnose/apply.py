@@ -5,6 +5,9 @@
   model(x)``. One autocast context held open across steps would keep its cache of bf16 weight
   casts, so every forward would use the weights of the first step and the run would stop
   learning (and run faster for it); leaving the context at each forward's end clears the cache.
+  Its floating-point outputs come back as float32, as autocast's documentation asks of outputs
+  used outside the autocast region: a loss computed outside it (``F.binary_cross_entropy(out,
+  x)`` in the pytorch/examples VAE) refuses a bf16 input against a float32 target.
 * a framework's own precision switch, where the step runs inside one (the framework then casts,
   scales and handles the loss as it does for its users): ``TrainingArguments(bf16=True)``,
   Lightning ``Trainer(precision="bf16-mixed")`` and ``Fabric(precision="bf16-mixed")``,
@@ -23,8 +26,26 @@ from typing import Any
 
 import torch
 
-__all__ = ["FRAMEWORK_SWITCH", "framework_precision",
+__all__ = ["FRAMEWORK_SWITCH", "as_float32", "framework_precision",
            "overridden_optimizer", "per_forward_autocast"]
+
+
+def as_float32(out: Any) -> Any:
+    """``out`` with its bf16 / fp16 tensors (nested in tuples, lists, dicts) cast to float32."""
+    if isinstance(out, torch.Tensor):
+        return out.float() if out.dtype in (torch.bfloat16, torch.float16) else out
+    if isinstance(out, tuple) and hasattr(out, "_fields"):  # a namedtuple
+        return type(out)(*(as_float32(v) for v in out))
+    if isinstance(out, (list, tuple)):
+        return type(out)(as_float32(v) for v in out)
+    if isinstance(out, dict):  # a copy of its own type (Hugging Face's ModelOutput included)
+        import copy
+
+        new = copy.copy(out)
+        for k, v in out.items():
+            new[k] = as_float32(v)
+        return new
+    return out
 
 # framework (the top package of the code that called optimizer.step) -> (module, class, keyword
 # arguments that turn bf16 on, how a user writes it)
@@ -65,11 +86,13 @@ def per_forward_autocast(device_type: str, *, math_sdpa: bool = False,
 
     def leave(module, args, out):
         if threading.get_ident() != thread or state["depth"] == 0:
-            return
+            return None
         state["depth"] -= 1
         if state["depth"] == 0 and state["stack"] is not None:
             state["stack"].close()  # leaves autocast: its cache of weight casts is cleared
             state["stack"] = None
+            return as_float32(out)  # the outputs, as the code after the forward expects them
+        return None
 
     handles = [register_module_forward_pre_hook(enter),
                register_module_forward_hook(leave, always_call=True)]

@@ -111,7 +111,7 @@ def bf16_action(m: Measurements, device: str = "cpu") -> tuple[str, str]:
                 f"; the step runs inside {m.framework}, whose switch casts and scales as it does "
                 "for its users")
     action = (f"bf16 autocast around each forward: with torch.autocast('{device}', "
-              "dtype=torch.bfloat16): loss = loss_fn(model(x), y)")
+              "dtype=torch.bfloat16): out = model(x); then loss = loss_fn(out.float(), y)")
     if SDPA_FLASH_CPU not in m.ops or device != "cpu":
         return action, ""
     return (action + ", with torch.nn.attention.sdpa_kernel(SDPBackend.MATH) around the forward "
