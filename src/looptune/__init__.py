@@ -8,6 +8,7 @@ from looptune.bench.results import BenchResults
 from looptune.bench.runner import bench
 from looptune.data.pack import open_packed, pack, verify_packed
 from looptune.diagnose.result import Diagnosis
+from looptune.diagnose.plan import plan as diagnose_plan
 from looptune.diagnose.runner import diagnose, watch
 from looptune.tune.batch import tune_batch_size
 from looptune.tune.loader import tune_loader
@@ -18,7 +19,7 @@ from looptune.recipe import (Decision, LoaderConfig, OptimConfig, Recipe,
                              ScheduleConfig, StepConfig)
 
 __all__ = [
-    "__version__", "train", "bench", "diagnose", "watch", "Diagnosis", "tune_loader",
+    "__version__", "train", "bench", "diagnose", "diagnose_plan", "watch", "Diagnosis", "tune_loader",
     "tune_batch_size", "pack", "open_packed", "verify_packed", "BenchResults", "RunResult",
     "Recipe", "LoaderConfig", "StepConfig", "OptimConfig", "ScheduleConfig", "RECIPES", "Decision", "LooptuneError",
     "ConfigError", "DataError", "MeasurementError", "ScriptFailed",

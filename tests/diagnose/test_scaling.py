@@ -310,6 +310,29 @@ def test_a_rerun_that_ended_early_is_compared_over_its_steps_and_falls_short_of_
     assert apply_measured([batch, other], out)[0] == batch  # first, nothing recorded
 
 
+def test_a_loss_summed_over_the_batch_is_compared_per_sample():
+    # the pytorch/examples VAE sums its loss over the batch: at 4x the batch every loss is ~4x,
+    # and "did not reach the original's loss 2.82e+04 ... its loss was 1.49e+05" was no finding
+    batch = Remedy(action="batch_size 128 -> 512 (fewer, larger steps)", expected_speedup=1.9,
+                   reason="r", kind="batch")
+    before = _before(batch=128)
+    before.step_s = before.all_step_s = [0.01] * 20
+    before.losses, before.measured_from = [1000.0 - 20 * i for i in range(20)], 0
+
+    def rerun(**_):  # 4x the samples a step: per sample its loss falls 5x as fast per step
+        return SimpleNamespace(measurements=SimpleNamespace(loaders=[SimpleNamespace(batch_size=512)]),
+                               step_s=[0.025] * 8, error=None, stopped="seconds",
+                               all_step_s=[0.025] * 8, measured_from=0,
+                               losses=[4 * (1000.0 - 100 * i) for i in range(8)])
+
+    out = verify_remedy(_verdict(batch), before=before, steps=20, rerun=rerun)
+    assert out["loss_summed"].startswith("the loss is summed over the batch")
+    assert out["speedup"] is not None and out["speedup"] > 1 and not out.get("changes_training")
+    # a mean loss (the same scale at any batch) is left as it is
+    from looptune.diagnose.verify import _per_sample_losses
+    assert _per_sample_losses([2.3, 2.2], [2.31, 2.0], 4.0) == ([2.31, 2.0], False)
+
+
 def test_verify_flags_a_rerun_that_stopped_learning_and_never_counts_its_speedup():
     bf16 = Remedy(action="bf16 autocast around each forward: with torch.autocast('cpu', "
                          "dtype=torch.bfloat16): loss = loss_fn(model(x), y)",

@@ -22,12 +22,13 @@ from looptune.diagnose import rank_files
 from looptune.diagnose.collectives import launched_rank
 from looptune.diagnose.ranks import merge_ranks
 from looptune.diagnose.result import Diagnosis
+from looptune.diagnose.plan import plan
 from looptune.diagnose.runner import FIRST_STEP_TIMEOUT_S, check_target, diagnose
 from looptune.diagnose.verify import RERUNNABLE
 from looptune.dist.launch import LaunchFailed, launch, nproc_problem
 from looptune.errors import ConfigError, ScriptFailed
 from looptune.report.build import save_and_render
-from looptune.report.diagnose_view import print_diagnosis, print_rank_report
+from looptune.report.diagnose_view import print_diagnosis, print_plan, print_rank_report
 from looptune.report.render import wide_console
 
 
@@ -51,6 +52,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--verify-kind", metavar="KIND", default=None, choices=RERUNNABLE,
                    help="with --verify (implied): rerun the highest-ranked remedy of this kind "
                         f"instead of the top one ({', '.join(RERUNNABLE)})")
+    p.add_argument("--plan", type=int, default=None, metavar="N",
+                   help="apply the top remedy that can be applied from outside, keep it when "
+                        "its rerun paid with the training intact, diagnose again, up to N "
+                        "remedies; print the path (remedy, promised, measured, loss parity, "
+                        "next verdict)")
     p.add_argument("--first-step-timeout", type=float, default=FIRST_STEP_TIMEOUT_S, metavar="S",
                    help="stop the script if no step boundary (optimizer step, or backward call "
                         f"without a torch.optim optimizer) came within S seconds (default "
@@ -68,7 +74,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(handler=run)
 
 
-_VALUED = {"--steps", "--warmup", "--seconds", "--json", "--trace", "--nproc", "--rank-dir",
+_VALUED = {"--steps", "--warmup", "--seconds", "--json", "--trace", "--nproc", "--rank-dir", "--plan",
            "--report", "--tensorboard", "--first-step-timeout", "--verify-kind"}
 
 
@@ -94,10 +100,14 @@ def run(args: argparse.Namespace) -> int:
     if args.nproc is not None:
         return _launch_ranks(args, target, script_args, module, steps)
     try:
-        result = diagnose(target, script_args, module=module, steps=steps,
-                          warmup=args.warmup, seconds=args.seconds, trace_dir=_trace_dir(args),
-                          verify=args.verify_kind or args.verify,
-                          first_step_timeout=args.first_step_timeout or None)
+        common = {"module": module, "steps": steps, "warmup": args.warmup,
+                  "seconds": args.seconds, "trace_dir": _trace_dir(args),
+                  "first_step_timeout": args.first_step_timeout or None}
+        if args.plan is not None:
+            result = plan(target, script_args, rounds=args.plan, **common)
+        else:
+            result = diagnose(target, script_args, verify=args.verify_kind or args.verify,
+                              **common)
     except ScriptFailed as err:  # the script's own error first, its own exit status
         print(f"looptune diagnose: {err}", file=sys.stderr)
         if args.json is not None:
@@ -110,6 +120,8 @@ def run(args: argparse.Namespace) -> int:
     else:
         console = wide_console()
         print_diagnosis(result, console)
+        if result.plan is not None:
+            print_plan(result, console)
         if args.json is not None:
             result.write_json(args.json)
         if args.tensorboard is not None:
@@ -181,7 +193,16 @@ def _rank_problems(args: argparse.Namespace, rank: int | None, world: int) -> li
     if args.rank_dir is not None and (rank is None or not Path(args.rank_dir).is_dir()):
         problems.append(f"--rank-dir {args.rank_dir!r} is internal to --nproc (its ranks write "
                         "there; it needs RANK and an existing folder). Use --nproc N instead.")
+    if args.plan is not None and not 1 <= args.plan <= 10:
+        problems.append(f"--plan {args.plan} is invalid: 1 to 10 remedies to try in turn, e.g. "
+                        "--plan 3.")
+    if args.plan is not None and (args.verify or args.verify_kind):
+        problems.append("--plan reruns every remedy it keeps itself: drop --verify / "
+                        "--verify-kind (or drop --plan to verify one remedy).")
     if args.nproc is not None or args.rank_dir is not None or world > 1:
+        if args.plan is not None:
+            problems.append("--plan cannot rerun a distributed script (as --verify): drop "
+                            "--nproc / torchrun.")
         if args.verify or args.verify_kind:
             problems.append("--verify cannot rerun a distributed script: its process group is "
                             "set up once per process. Verify on one process (drop --nproc / "

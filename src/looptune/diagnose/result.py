@@ -74,6 +74,10 @@ class Diagnosis:
     # not seen). See diagnose/rules/chain.py
     data_cause: str | None = None
     input_chain: dict[str, Any] = field(default_factory=dict)
+    # --plan: the rounds (diagnosis/plan.py PlanRound: verdict, remedy rerun, promised, measured,
+    # loss parity, kept, why) and the remedies this diagnosis ran with, applied from outside
+    plan: list[dict[str, Any]] | None = None
+    plan_applied: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         return {"kind": KIND, **dataclasses.asdict(self)}

@@ -348,7 +348,8 @@ def _measured(n: int, schedule: MeasurementWindow) -> slice:
 def diagnose(target: str | Callable, args: Sequence[str] | str = (), *, module: bool = False,
              steps: int | None = 50, warmup: int = 5, seconds: float | None = None,
              trace_dir: str | os.PathLike | None = None, verify: bool | str = False,
-             first_step_timeout: float | None = FIRST_STEP_TIMEOUT_S) -> Diagnosis:
+             first_step_timeout: float | None = FIRST_STEP_TIMEOUT_S,
+             applied: dict[str, Any] | None = None, verify_skip: Sequence[str] = ()) -> Diagnosis:
     """Run a training script (or callable) unchanged and say where each step's time goes.
 
     Args:
@@ -366,6 +367,10 @@ def diagnose(target: str | Callable, args: Sequence[str] | str = (), *, module: 
         first_step_timeout: seconds to wait for the first step boundary (an optimizer step,
             or a backward call when the script builds no torch.optim optimizer); past it the
             script is stopped and the error says what was seen. None: wait for the script.
+        applied: remedies already applied to every run of the script, as ``--verify`` applies
+            them (``loader_overrides``, ``autocast``, ``framework``, ``optimizer``): what
+            :func:`looptune.diagnose.plan.plan` carries from one round to the next.
+        verify_skip: remedies (their actions) ``verify`` passes over: tried already.
 
     Returns:
         A frozen :class:`Diagnosis`: bottleneck, shares, ranked remedies, findings, evidence.
@@ -397,8 +402,9 @@ def diagnose(target: str | Callable, args: Sequence[str] | str = (), *, module: 
     args = shlex.split(args) if isinstance(args, str) else list(args)  # "--lr 1" is two args
     steps = UNBOUNDED if steps is None else steps
     trace_path = None if trace_dir is None else Path(trace_dir)
+    base = dict(applied or {})
     run = _run_once(target, args, module=module, steps=steps, warmup=warmup, seconds=seconds,
-                    trace_dir=trace_path, first_step_timeout=first_step_timeout)
+                    trace_dir=trace_path, first_step_timeout=first_step_timeout, **base)
     verdict = analyze(run.measurements)
     checked = None
     if verify:
@@ -409,12 +415,26 @@ def diagnose(target: str | Callable, args: Sequence[str] | str = (), *, module: 
             return _run_once(target, args, module=module,
                              steps=steps if seconds is None else UNBOUNDED, warmup=warmup,
                              seconds=limit_s if seconds is None else seconds, trace_dir=None,
-                             scale=False, first_step_timeout=first_step_timeout, **remedy)
+                             scale=False, first_step_timeout=first_step_timeout,
+                             **combined(base, remedy))
         checked = verify_remedy(verdict, before=run, steps=steps, rerun=rerun,
-                                prefer=None if isinstance(verify, bool) else verify)
+                                prefer=None if isinstance(verify, bool) else verify,
+                                skip=tuple(verify_skip))
         verdict = dataclasses.replace(verdict, remedies=apply_measured(verdict.remedies, checked))
     return _diagnosis(target=target, args=args, module=module, steps=steps, run=run,
                       verdict=verdict, checked=checked)
+
+
+def combined(applied: dict[str, Any], remedy: dict[str, Any]) -> dict[str, Any]:
+    """The rerun's switches: those already applied with the remedy's on top (loader settings
+    merged, a remedy's own switch replacing an applied one)."""
+    out = dict(applied)
+    for key, value in remedy.items():
+        if key == "loader_overrides" and value is not None:
+            out[key] = {**(applied.get(key) or {}), **value}
+        elif value is not None or key not in out:
+            out[key] = value
+    return out
 
 
 def _diagnosis(*, target, args, module, steps, run: _ScriptRun, verdict, checked) -> Diagnosis:

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import ast
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from statistics import median
 from typing import Any
 
@@ -112,10 +112,11 @@ def _why_not(remedy: Remedy, batch: int | None, decode_s: float | None,
 
 
 def verify_remedy(verdict: Verdict, *, before: Any, steps: int, rerun: Callable[..., Any],
-                  prefer: str | None = None) -> dict[str, Any]:
+                  prefer: str | None = None, skip: Sequence[str] = ()) -> dict[str, Any]:
     """Rerun with the top applicable remedy (with ``prefer``, the highest-ranked applicable one of
-    that kind); ``rerun(loader_overrides=, autocast=, framework=, optimizer=, seconds=)`` runs the
-    script again and returns its run (step_s, error, measurements, losses)."""
+    that kind; never one whose action is in ``skip``: --plan's remedies already tried);
+    ``rerun(loader_overrides=, autocast=, framework=, optimizer=, seconds=)`` runs the script
+    again and returns its run (step_s, error, measurements, losses)."""
     loaders = before.measurements.loaders
     batch = loaders[0].batch_size if loaders else None
     samples = getattr(loaders[0], "samples", None) if loaders else None
@@ -123,11 +124,12 @@ def verify_remedy(verdict: Verdict, *, before: Any, steps: int, rerun: Callable[
     # pre-decoding reads every sample once, at the rate the script's own data wait shows
     decode_s = wait_ms / 1e3 / batch * samples if batch and samples else None
     chosen = next(((r, how) for r in verdict.remedies
-                   if (prefer is None or r.kind == prefer)
+                   if (prefer is None or r.kind == prefer) and r.action not in skip
                    and (how := _how(r, batch, decode_s)) is not None), None)
     if chosen is None:
         which = "no remedy" if prefer is None else f"no remedy of kind {prefer!r}"
-        why = [f"{r.kind} ({_why_not(r, batch, decode_s, samples)})" for r in verdict.remedies
+        why = [f"{r.kind} ({'tried already' if r.action in skip else _why_not(r, batch, decode_s, samples)})"
+               for r in verdict.remedies
                if r.kind in RERUNNABLE and (prefer is None or r.kind == prefer)]
         others = sorted({r.kind for r in verdict.remedies if r.kind not in RERUNNABLE})
         said = "; ".join(why + ([f"{', '.join(others)}: a change to the script's code"]
@@ -150,6 +152,9 @@ def verify_remedy(verdict: Verdict, *, before: Any, steps: int, rerun: Callable[
         "changes_training": None}  # set when the rerun did not train like the original
     if prefer is not None and not out["top"]:
         out["note"] = f"verified the highest-ranked remedy of kind {prefer!r}, as asked"
+    elif not out["top"] and verdict.remedies[0].action in skip:
+        out["note"] = (f"the top remedy ({verdict.remedies[0].action}) was tried already; "
+                       "verified the highest-ranked one not tried")
     elif not out["top"]:
         top = verdict.remedies[0]
         why = ("it cannot be applied from outside the script" if top.kind not in RERUNNABLE
@@ -192,7 +197,7 @@ def verify_remedy(verdict: Verdict, *, before: Any, steps: int, rerun: Callable[
     if not applied:
         out["loss_parity"] = None  # nothing was applied: nothing to compare
     elif remedy.kind in CHANGES_TRAINING and comparable:
-        _judge_by_loss(out, before, after, remedy.kind)
+        _judge_by_loss(out, before, after, remedy.kind, scale)
     if applied and comparable and remedy.kind != "batch":  # the same steps must train alike
         _check_parity(out, before, after)
     if not applied and predecode.refused:
@@ -244,7 +249,26 @@ def _check_parity(out: dict[str, Any], before: Any, after: Any) -> None:
                                    f"({check['reason']}): not a speedup")
 
 
-def _judge_by_loss(out: dict[str, Any], before: Any, after: Any, kind: str) -> None:
+# a loss summed over the batch (reduction="sum", as the pytorch/examples VAE) grows with it: the
+# rerun's first loss at k x the batch, over the original's, within this of k says "summed", and
+# the rerun's losses are compared per sample (/ k). Assumed: at the start both runs' per-sample
+# losses are those of the same initial weights (seen: 4.0x at k = 4 for the VAE)
+SUMMED_WITHIN = 0.25
+
+
+def _per_sample_losses(before: list, after: list, scale: float) -> tuple[list, bool]:
+    """The rerun's losses on the original's scale: / ``scale`` when they are sums over the batch."""
+    first_b = next((x for x in before if x is not None), None)
+    first_a = next((x for x in after if x is not None), None)
+    if scale <= 1 or not first_b or not first_a:
+        return after, False
+    if abs(first_a / first_b / scale - 1) > SUMMED_WITHIN:
+        return after, False
+    return [None if x is None else x / scale for x in after], True
+
+
+def _judge_by_loss(out: dict[str, Any], before: Any, after: Any, kind: str,
+                   scale: float = 1.0) -> None:
     """A remedy that changes the training (a larger batch, bf16): the loss each run reached
     against wall-clock time, the same time budget; its throughput is context only."""
     if kind == "batch":
@@ -254,6 +278,11 @@ def _judge_by_loss(out: dict[str, Any], before: Any, after: Any, kind: str) -> N
         out["per_step_speedup"] = out["speedup"]
     runs = [(list(getattr(r, "losses", []) or []), list(getattr(r, "all_step_s", []) or []),
              getattr(r, "measured_from", 0)) for r in (before, after)]
+    losses, summed = _per_sample_losses(runs[0][0], runs[1][0], scale)
+    if summed:  # compared per sample: the loss is a sum over the batch
+        runs[1] = (losses, *runs[1][1:])
+        out["loss_summed"] = (f"the loss is summed over the batch (the rerun's first loss "
+                              f"{scale:g}x the original's): compared per sample")
     check = time_to_loss(*runs)
     out["time_to_loss"], out["loss_parity"] = check, None
     if check["speedup"] is None and kind != "batch":

@@ -10,10 +10,11 @@ from rich.table import Table
 from looptune.measure.records import PHASES
 from looptune.diagnose.ranks import RankReport
 from looptune.diagnose.result import Diagnosis
+from looptune.diagnose.verify import RERUNNABLE
 from looptune.report.diagnose_sections import part_rows
 from looptune.report.render import format_bytes
 
-__all__ = ["print_diagnosis", "print_rank_report", "rank_table"]
+__all__ = ["plan_lines", "print_diagnosis", "print_plan", "print_rank_report", "rank_table"]
 
 _PHASE_TEXT = {"data_wait": "data wait", "host_to_device": "host-to-device", "sync": "host sync",
                "compute": "compute", "other": "other host overhead"}
@@ -86,6 +87,42 @@ def chain_lines(d: Diagnosis) -> list[str]:
     return lines
 
 
+def plan_lines(d: Diagnosis) -> list[str]:
+    """--plan's path: each round's verdict, the remedy rerun on top of those kept, promised and
+    measured, kept or why the path stopped; then where the step stands with all kept."""
+    lines, total = [], 1.0
+    for r in d.plan or []:
+        measured = "-" if r["measured"] is None else f"{r['measured']:.2f}x"
+        promised = "-" if r["promised"] is None else f"{r['promised']:.2f}x"
+        parity = {True: "loss parity yes", False: "loss parity NO", None: "parity n/a"}[r["loss_parity"]]
+        head = f"round {r['round']}: {r['bottleneck']} ({r['step_ms']:.2f} ms/step)"
+        if r["remedy"] is None:
+            lines.append(f"{head}: nothing to rerun: {r['why']}")
+            continue
+        lines.append(f"{head}: {r['remedy']}: promised {promised}, measured {measured}, {parity}: "
+                     + ("kept" if r["kept"] else f"not kept: {r['why']}"))
+        if r["kept"]:
+            total *= r["measured"]
+    kept = d.plan_applied
+    if kept:
+        lines.append(f"with {len(kept)} remedy(ies) kept ({'; '.join(kept)}): {d.bottleneck}, "
+                     f"{d.step_ms:.2f} ms/step; {total:.2f}x in all (each round's measured gain "
+                     "multiplied)")
+    else:
+        lines.append("no remedy paid from outside the script: the path stops at round 1")
+    code = [r for r in d.remedies if r.kind not in RERUNNABLE]
+    if code:
+        lines.append("needs a change to the script's code: "
+                     + "; ".join(f"{r.action} (up to {r.expected_speedup:.2f}x)" for r in code[:3]))
+    return lines
+
+
+def print_plan(d: Diagnosis, console: Console) -> None:
+    console.print("plan (--plan):", style="bold")
+    for line in plan_lines(d):
+        console.print(f"  {line}", highlight=False, soft_wrap=True)
+
+
 def verify_lines(v: dict) -> list[str]:
     """--verify's outcome: the remedy rerun, before -> after, against its bound."""
     if not v.get("remedy"):
@@ -110,7 +147,7 @@ def verify_lines(v: dict) -> list[str]:
         lines.append(f"loss parity: yes ({check.get('reason', '')})")
     elif v.get("loss_parity") is None and check.get("reason"):
         lines.append(f"loss parity not judged: {check['reason']}")
-    lines += [v[k] for k in ("changes_training", "note", "short", "reason") if v.get(k)]
+    lines += [v[k] for k in ("loss_summed", "changes_training", "note", "short", "reason") if v.get(k)]
     return lines
 
 
