@@ -43,7 +43,8 @@ def fixtures(data: str | None, out_dir: str) -> list[tuple[str, list[str]]]:
             ("dcgan.py", ["--samples", "4096"]),  # issue 32: two models, two optimizers
             ("lbfgs_sequence.py", ["--steps", "60", "--length", "120"]),  # closures, no loader
             ("time_major_lm.py", ["--tokens", "200000"]),  # [bptt, batch], hand SGD
-            ("vae_mnist.py", mnist)]  # per-sample decoded MNIST, a small MLP step
+            ("vae_mnist.py", mnist),  # per-sample decoded MNIST, a small MLP step
+            ("rnn_mnist.py", mnist)]  # the same data, a batch-first LSTM over 28 rows
 
 
 _NEEDS = {"lightning_mnist.py": "lightning", "accelerate_loop.py": "accelerate",

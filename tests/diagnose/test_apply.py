@@ -150,3 +150,16 @@ def test_an_optimizer_remedy_reruns_through_its_constructor(action, expected):
     zero = Remedy(action="optimizer.zero_grad(set_to_none=True)", expected_speedup=1.1,
                   reason="r", kind="zero_grad")
     assert _how(zero, 32) is None  # inside the script's own loop: not from outside
+
+
+def test_accelerates_bf16_switch_works_after_the_scripts_own_accelerator():
+    # issue 32 (verdict_check on a Zen 5 VM): the bf16 rerun of an Accelerate loop raised
+    # "AcceleratorState has already been initialized and cannot be changed" before its first step
+    pytest.importorskip("accelerate")
+    from accelerate import Accelerator
+
+    Accelerator(cpu=True)  # the script's own run, without mixed precision
+    hits = [0]
+    with framework_precision("accelerate", hits=hits):
+        assert Accelerator(cpu=True).mixed_precision == "bf16" and hits == [1]
+    assert Accelerator(cpu=True).mixed_precision == "no"  # the next run: the script's own again

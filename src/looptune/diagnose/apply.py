@@ -107,11 +107,32 @@ def per_forward_autocast(device_type: str, *, math_sdpa: bool = False,
 
 @contextlib.contextmanager
 def framework_precision(framework: str, *, hits: list[int] | None = None) -> Iterator[None]:
-    """Every construction of the framework's entry class gets its bf16 switch."""
+    """Every construction of the framework's entry class gets its bf16 switch; a framework that
+    keeps its precision in process-wide state has it reset before and after the rerun (the
+    script's first run set it without bf16)."""
     module, cls_name, switch, _ = FRAMEWORK_SWITCH[framework]
     cls = getattr(importlib.import_module(module), cls_name)
-    with _patched_init(cls, switch, [0] if hits is None else hits):
-        yield
+    fresh = _FRESH_STATE.get(framework)
+    if fresh is not None:
+        fresh()
+    try:
+        with _patched_init(cls, switch, [0] if hits is None else hits):
+            yield
+    finally:
+        if fresh is not None:
+            fresh()
+
+
+def _fresh_accelerate() -> None:
+    """Accelerate's AcceleratorState is a singleton that refuses another mixed_precision in the
+    same process ("AcceleratorState has already been initialized and cannot be changed"): the
+    bf16 rerun after the script's own run raised before its first step."""
+    from accelerate.state import AcceleratorState
+
+    AcceleratorState._reset_state()
+
+
+_FRESH_STATE = {"accelerate": _fresh_accelerate}
 
 
 @contextlib.contextmanager
