@@ -721,6 +721,9 @@ def test_a_time_major_lstm_is_scaled_along_its_batch_not_its_sequence():
     # a 1-D input to a time-major model: cannot be told, and no batch promise is made
     dim, why = batch_dimension(_Call(lm, (torch.randint(0, 50, (35,)),), {}))
     assert dim is None and "cannot be told" in why
+    # an image model with a time-major attention inside (DETR-style permute): images stay [B, ...]
+    vit = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 4), torch.nn.MultiheadAttention(8, 2))
+    assert batch_dimension(_Call(vit, (torch.randn(6, 3, 16, 16),), {}))[0] == 0
     with ModelCapture() as cap:
         out, _ = lm(x, hidden)
         out.sum().backward()

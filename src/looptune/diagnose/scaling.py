@@ -156,6 +156,9 @@ def batch_dimension(call: _Call, loader_batch: int | None = None) -> tuple[int |
         if dims:
             dim = 1 if time_major and 1 in dims else dims[0]
             return dim, f"dimension {dim}: the DataLoader's batch_size {loader_batch}"
+    if time_major and x.ndim >= 4:  # images ([B, C, H, W]): the model reshapes them before
+        return 0, (f"dimension 0: the leading dimension of a {x.ndim}-D input (its time-major "
+                   f"{named} sees it reshaped)")
     if time_major and len(time_major) == len(layers):
         if x.ndim < 2:
             return None, (f"its {named} is time-major (batch_first=False) but its input is 1-D "
