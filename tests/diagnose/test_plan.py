@@ -133,7 +133,7 @@ def test_plan_on_the_vae_keeps_what_paid_and_says_where_the_step_stands(mnist_di
 
     script = Path(__file__).parent / "loops" / "vae_mnist.py"
     out = tmp_path / "plan.json"
-    proc = subprocess.run([sys.executable, "-m", "looptune", "diagnose", "--steps", "20",
+    proc = subprocess.run([sys.executable, "-m", "looptune", "diagnose", "--steps", "30",
                            "--plan", "1", "--json", str(out), str(script), "--data", str(mnist_dir)],
                           capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-2000:]

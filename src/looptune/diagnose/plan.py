@@ -20,7 +20,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from looptune.diagnose.result import Diagnosis
-from looptune.diagnose.runner import combined, diagnose
+from looptune.diagnose.runner import diagnose
+from looptune.diagnose.verify import combined
 from looptune.errors import ConfigError
 
 __all__ = ["MIN_GAIN", "TRIES", "PlanRound", "plan", "switches"]

@@ -35,17 +35,18 @@ from looptune.diagnose.script import (
     Seen,
     exit_status,
     forked_children_exit_alone,
-    known_fix,
     module_exists,
     overridden_loaders,
     raised_where,
     script_env,
+    script_failed,
+    script_name,
 )
 from looptune.diagnose.verdict import analyze
 from looptune.diagnose.verify import (
-    RERUNNABLE, apply_measured, parse_loader_action, verify_remedy)
+    RERUNNABLE, apply_measured, combined, parse_loader_action, verify_remedy)
 from looptune.diagnose.worker_read import measure_worker_read
-from looptune.errors import ConfigError, MeasurementError, ScriptFailed
+from looptune.errors import ConfigError, MeasurementError
 from looptune.measure.input_chain import InputChainProbes
 from looptune.measure.memory import PeakMemory
 from looptune.measure.probes import StepProbes, StopScript
@@ -190,7 +191,7 @@ def _run_once(target, args, *, module, steps, warmup, seconds, trace_dir,
                 loaders=len(probes.loaders), stopped=schedule.stopped, exit_code=exit_code)
     totals, note = _chain(chain, marks, probes)
     return _collect(schedule, probes, error=error, oom=oom, device=device, waits=waits.per_step,
-                    where=where, script=_script_name(target, args, module), input_chain=totals, input_chain_note=note,
+                    where=where, script=script_name(target, args, module), input_chain=totals, input_chain_note=note,
                     threads=threads[0] if threads else None, seen=seen, scaling=scaling,
                     worker_read=read, gather_s=gather, update=update, applied=applied[0])
 
@@ -276,7 +277,7 @@ def _collect(schedule: MeasurementWindow, probes: StepProbes, *, error, oom, dev
             "that the script reaches its training loop with the arguments given; if its first "
             "step really takes longer, raise --first-step-timeout (first_step_timeout=).")
     if not samples and seen is not None and (error or seen.exit_code):
-        raise _script_failed(error, where, seen, script)
+        raise script_failed(error, where, seen, script)
     if not samples:
         how = "" if seen is None else f" ({seen.summary()}, exit code {seen.exit_code})"
         raise MeasurementError(
@@ -313,24 +314,6 @@ def _collect(schedule: MeasurementWindow, probes: StepProbes, *, error, oom, dev
         exit_code=0 if seen is None else seen.exit_code,
         step_signal=probes.signal or "optimizer.step", losses=probes.losses(),
         all_step_s=[s.step_s for s in samples], measured_from=window.start, applied=applied)
-
-
-def _script_failed(error: str | None, where: str | None, seen: Seen, script: str) -> ScriptFailed:
-    """The script's own failure before its first step, leading the message (issue 32)."""
-    what = (f"the script raised before its first step: {error}" if error
-            else f"the script exited with status {seen.exit_code} before its first step")
-    hint = known_fix(error)
-    message = (what + (f"\n  at {where}" if where else "")
-               + (f"\n  known fix: {hint}" if hint else "")
-               + f"\nNothing was measured ({seen.summary()}); diagnose reports once the script "
-               "reaches its training loop: fix the error above and rerun.")
-    return ScriptFailed(message, error=error, where=where, hint=hint, exit_code=seen.exit_code,
-                        script=script, seen=seen.summary())
-
-
-def _script_name(target, args: Sequence[str], module: bool) -> str:
-    name = f"-m {target}" if module else getattr(target, "__name__", str(target))
-    return " ".join([name, *args])
 
 
 def _measured(n: int, schedule: MeasurementWindow) -> slice:
@@ -425,18 +408,6 @@ def diagnose(target: str | Callable, args: Sequence[str] | str = (), *, module: 
                       verdict=verdict, checked=checked)
 
 
-def combined(applied: dict[str, Any], remedy: dict[str, Any]) -> dict[str, Any]:
-    """The rerun's switches: those already applied with the remedy's on top (loader settings
-    merged, a remedy's own switch replacing an applied one)."""
-    out = dict(applied)
-    for key, value in remedy.items():
-        if key == "loader_overrides" and value is not None:
-            out[key] = {**(applied.get(key) or {}), **value}
-        elif value is not None or key not in out:
-            out[key] = value
-    return out
-
-
 def _diagnosis(*, target, args, module, steps, run: _ScriptRun, verdict, checked) -> Diagnosis:
     m = run.measurements
     device = torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
@@ -448,7 +419,7 @@ def _diagnosis(*, target, args, module, steps, run: _ScriptRun, verdict, checked
         warmup_steps=m.warmup_steps, evidence=verdict.evidence, findings=verdict.findings,
         remedies=verdict.remedies, loaders=m.loaders, step_s=run.step_s,
         peak_mem_bytes=m.peak_mem_bytes, peak_mem_kind=run.peak_kind,
-        script=_script_name(target, args, module), stopped=run.stopped, error=run.error, verify=checked,
+        script=script_name(target, args, module), stopped=run.stopped, error=run.error, verify=checked,
         trace=run.trace, provenance=provenance(device), rank=rank,
         world_size=None if rank is None else world,
         wait_s=run.wait_s, data_wait_step_s=run.data_wait_s, warmup_step_s=run.warmup_step_s or [],

@@ -20,10 +20,12 @@ from typing import Any
 import torch
 
 from looptune.diagnose.predecode import PREDECODE, predecoded
+from looptune.errors import ScriptFailed
 from looptune.measure.probes import StopScript
 
 __all__ = ["KNOWN_FIXES", "Seen", "exit_status", "forget_script_modules", "forked_children_exit_alone",
-           "known_fix", "module_exists", "overridden_loaders", "raised_where", "script_env"]
+           "known_fix", "module_exists", "overridden_loaders", "raised_where", "script_env",
+           "script_failed", "script_name"]
 
 # errors old scripts hit on a newer torch, exactly when a user first tries a tool on them: a
 # pattern of the exception's text -> the known fix
@@ -248,3 +250,21 @@ def _with_overrides(init: Any, args: tuple, kwargs: dict, overrides: dict[str, A
         named.pop("prefetch_factor", None)
         named["persistent_workers"] = False
     return named
+
+
+def script_failed(error: str | None, where: str | None, seen: Seen, script: str) -> ScriptFailed:
+    """The script's own failure before its first step, leading the message (issue 32)."""
+    what = (f"the script raised before its first step: {error}" if error
+            else f"the script exited with status {seen.exit_code} before its first step")
+    hint = known_fix(error)
+    message = (what + (f"\n  at {where}" if where else "")
+               + (f"\n  known fix: {hint}" if hint else "")
+               + f"\nNothing was measured ({seen.summary()}); diagnose reports once the script "
+               "reaches its training loop: fix the error above and rerun.")
+    return ScriptFailed(message, error=error, where=where, hint=hint, exit_code=seen.exit_code,
+                        script=script, seen=seen.summary())
+
+
+def script_name(target, args: Sequence[str], module: bool) -> str:
+    name = f"-m {target}" if module else getattr(target, "__name__", str(target))
+    return " ".join([name, *args])

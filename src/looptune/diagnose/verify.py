@@ -39,8 +39,8 @@ from looptune.measure.parity import loss_parity, time_to_loss
 from looptune.diagnose.update_replay import impl_kwargs
 from looptune.errors import ConfigError, MeasurementError
 
-__all__ = ["MIN_COMPARABLE_STEPS", "RERUNNABLE", "SHORT", "apply_measured", "parse_loader_action",
-           "verify_remedy"]
+__all__ = ["MIN_COMPARABLE_STEPS", "RERUNNABLE", "SHORT", "apply_measured", "combined",
+           "parse_loader_action", "verify_remedy"]
 
 SHORT = 0.7  # a measured gain below this share of the promised bound is reported as short of it
 # a rerun that ended before its steps (the script's data ran out at the larger batch, it raised)
@@ -91,6 +91,18 @@ def _how(remedy: Remedy, batch: int | None, decode_s: float | None = None
         if flag is not None:
             return {"optimizer": (name, impl_kwargs(_IMPL_OF[flag]))}
     return None
+
+
+def combined(applied: dict[str, Any], remedy: dict[str, Any]) -> dict[str, Any]:
+    """The rerun's switches: those already applied with the remedy's on top (loader settings
+    merged, a remedy's own switch replacing an applied one)."""
+    out = dict(applied)
+    for key, value in remedy.items():
+        if key == "loader_overrides" and value is not None:
+            out[key] = {**(applied.get(key) or {}), **value}
+        elif value is not None or key not in out:
+            out[key] = value
+    return out
 
 
 def _why_not(remedy: Remedy, batch: int | None, decode_s: float | None,

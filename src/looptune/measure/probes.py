@@ -40,7 +40,6 @@ Each probe costs a ``perf_counter`` pair and a Python call (~1 us), far below a 
 
 from __future__ import annotations
 
-import dataclasses
 import sys
 import threading
 import time
@@ -56,7 +55,7 @@ from torch.utils.data import DataLoader
 from torch.utils.data.dataloader import _BaseDataLoaderIter
 
 from looptune.measure.records import LoaderInfo, StepSample
-from looptune.measure.loader_info import batches_per_pass, loader_info, loader_parts
+from looptune.measure.loader_probes import LoaderProbes
 from looptune.measure.probe_hooks import (
     ForwardStart, framework_of_stack, leaf_storages, targets_cuda, weak_ref)
 
@@ -84,7 +83,7 @@ def _frame_depth(frame: Any) -> int:
     return n
 
 
-class StepProbes:
+class StepProbes(LoaderProbes):
     """Per-step phase probes. ``on_step(n)`` runs after the n-th optimizer step (1-based)."""
 
     def __init__(self, *, on_step: Callable[[int], None] | None = None,
@@ -448,57 +447,6 @@ class StepProbes:
             raise StopScript
 
     # -- probes ----------------------------------------------------------------------------
-    def _timed_next(self, original: Callable) -> Callable:
-        probes = self
-
-        def __next__(it):
-            if threading.get_ident() != probes._thread or probes.paused:
-                return original(it)  # a background thread's loading is not the step's wait
-            t0 = time.perf_counter()
-            outer, probes._in_data = probes._in_data, True  # loading is data wait, not syncs
-            probes._enter("data_wait")
-            try:
-                batch = original(it)
-                probes.drawn += 1
-                probes._check_deadline()
-                return batch
-            finally:
-                probes._leave("data_wait")
-                probes._in_data = outer
-                probes._wait += time.perf_counter() - t0
-
-        return __next__
-
-    def record_loader(self, loader: DataLoader) -> None:
-        """Note ``loader``'s settings and one pass of batches (done on every ``iter(loader)``;
-        callable directly for a loader whose iterator was made before the probes went on, as
-        a framework does before its training hooks run)."""
-        if self.paused:  # looptune's own loader (diagnose/worker_read.py)
-            return
-        if id(loader) not in self.loaders:
-            self.loaders[id(loader)] = loader_info(loader)
-            self.loader_parts[id(loader)] = loader_parts(loader)
-        self.batches.setdefault(id(loader), 0)
-        self.batches[id(loader)] += batches_per_pass(loader)
-
-    def _recorded_iter(self, original: Callable) -> Callable:
-        probes = self
-
-        def __iter__(loader):
-            probes.record_loader(loader)
-            it = original(loader)
-            probes.note_pinning(loader, it)
-            return it
-
-        return __iter__
-
-    def note_pinning(self, loader: DataLoader, it: object) -> None:
-        """Whether the iterator pins its batches, as this torch decided (LoaderInfo.pinned)."""
-        info = self.loaders.get(id(loader))
-        pinned = getattr(it, "_pin_memory", None)
-        if info is not None and info.pinned is None and isinstance(pinned, bool):
-            self.loaders[id(loader)] = dataclasses.replace(info, pinned=pinned)
-
     def _sync_probe(self, name: str) -> Callable[[Callable], Callable]:
         probes = self
 
