@@ -10,7 +10,8 @@ import pytest
 import torch
 
 from looptune.diagnose.apply import (FRAMEWORK_SWITCH, as_float32, framework_precision, overridden_optimizer,
-                                     per_forward_autocast)
+                                     per_forward_autocast, scaled_lr)
+from looptune.diagnose.rules.batch import lr_rule
 from looptune.diagnose.rules.compute import bf16_action
 from looptune.measure.records import Measurements
 from looptune.diagnose.rules.records import Remedy
@@ -94,6 +95,50 @@ def test_the_optimizer_gets_the_remedys_arguments_and_is_restored():
     assert hits == [1] and opt.param_groups[0]["fused"] is True
     assert opt.param_groups[0]["foreach"] is None and not adam.param_groups[0]["fused"]
     assert torch.optim.AdamW.__init__ is original
+
+
+def test_a_larger_batchs_learning_rate_is_scaled_once_in_every_group_and_restored():
+    hits = [0]
+    w, b = torch.nn.Parameter(torch.ones(2)), torch.nn.Parameter(torch.ones(1))
+    original = torch.optim.Adam.__dict__["__init__"]
+    with scaled_lr("Adam", 2.0, hits=hits):
+        opt = torch.optim.Adam([{"params": [w]}, {"params": [b], "lr": 0.5}], lr=1e-3)
+        sched = torch.optim.lr_scheduler.StepLR(opt, step_size=1)  # starts from the scaled rate
+        sgd = torch.optim.SGD([w], lr=0.1)  # another class: untouched
+    assert hits == [1]
+    assert [g["lr"] for g in opt.param_groups] == [pytest.approx(2e-3), pytest.approx(1.0)]
+    assert sched.base_lrs == [pytest.approx(2e-3), pytest.approx(1.0)]
+    assert opt.defaults["lr"] == pytest.approx(2e-3) and sgd.param_groups[0]["lr"] == 0.1
+    assert torch.optim.Adam.__dict__["__init__"] is original
+    assert torch.optim.Adam([w], lr=1e-3).param_groups[0]["lr"] == 1e-3
+
+    class Mine(torch.optim.SGD):  # a subclass calling its parent's constructor: scaled once
+        def __init__(self, params):
+            super().__init__(params, lr=0.1, momentum=0.9)
+
+    with scaled_lr("SGD", 4.0):
+        assert Mine([w]).param_groups[0]["lr"] == pytest.approx(0.4)
+    with pytest.raises(ValueError, match="must be > 0"):
+        with scaled_lr("SGD", 0.0):
+            pass
+
+
+@pytest.mark.parametrize("name, k, expected", [
+    ("SGD", 4, (4.0, "linear scaling for SGD")),
+    ("Adam", 4, (2.0, "square-root scaling for Adam")),
+    ("AdamW", 2, (1.4142, "square-root scaling for AdamW")),
+    ("LBFGS", 4, None), (None, 4, None)])
+def test_the_learning_rate_rule_follows_the_optimizers_class(name, k, expected):
+    assert lr_rule(name, k) == expected
+
+
+def test_a_batch_remedy_reruns_with_its_learning_rate():
+    remedy = Remedy(action="batch_size 32 -> 128 (fewer, larger steps; learning rate x2: "
+                    "square-root scaling for Adam)", expected_speedup=1.8, reason="r",
+                    kind="batch", lr_scale=("Adam", 2.0))
+    assert _how(remedy, 32) == {"loader_overrides": {"batch_size": 128},
+                                "lr_scale": ("Adam", 2.0)}
+    assert _how(remedy, 64) is None  # not this loader's batch size
 
 
 def test_the_frameworks_own_switch_is_set_on_its_entry_class(tmp_path):

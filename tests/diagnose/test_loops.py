@@ -76,6 +76,9 @@ def test_a_gan_replays_both_models_as_often_as_the_step_calls_them():
     d = _diagnose("dcgan.py", "--samples", "2048", steps=10)
     assert d.evidence["replay_module"] == "Generator + 3x Discriminator", d.evidence
     assert d.evidence["replay_batch"] == 16 and d.evidence["calls_per_step"] == 1
+    apart = d.evidence["replay_per_module_ms"]  # each model's forward+backward shown apart
+    assert list(apart) == ["Generator", "3x Discriminator"] and all(v > 0 for v in apart.values())
+    assert "each alone at that batch: Generator " in d.evidence["reason"]
     measured = per_sample_gain(LOOPS / "dcgan.py", ["--batchSize", "16"], ["--batchSize", "64"], 4)
     promised, reason = _promise_vs_measured(d, measured)
     assert d.bottleneck == the_steps_own_verdict(d), d.evidence

@@ -14,7 +14,7 @@ import torch
 
 import looptune
 from looptune.diagnose.rules.batch import BUSY_OVERHEAD_SHARE, batch_remedy, batch_verdict, scaled_step
-from looptune.measure.records import BatchScaling, Environment, LoaderInfo, Measurements, StepSample
+from looptune.measure.records import BatchScaling, Environment, LoaderInfo, Measurements, StepSample, UpdateReplay
 from looptune.diagnose.rules.records import Remedy, Verdict
 from looptune.diagnose.env import busy_processes
 from looptune.diagnose.scaling import ModelCapture, measure_scaling, replay_problem
@@ -56,6 +56,21 @@ def test_a_step_that_barely_grows_is_overhead_and_the_batch_bound_comes_from_the
     s = scaled_step(_m(flat), PHASE)
     assert batch.expected_speedup == round(4 * 0.010 / (4 * 0.001 + 0.001 + 0.009), 2) == 2.86
     assert s.speedup == pytest.approx(2.857, abs=1e-3)
+
+
+@pytest.mark.parametrize("optimizer, text, lr", [
+    ("SGD", "learning rate x4: linear scaling for SGD", ("SGD", 4.0)),
+    ("AdamW", "learning rate x2: square-root scaling for AdamW", ("AdamW", 2.0)),
+    ("LBFGS", "scale the learning rate (no rule for LBFGS: tune it)", None),
+    (None, "scale the learning rate", None)])
+def test_the_batch_remedy_names_the_learning_rate_of_its_optimizers_rule(optimizer, text, lr):
+    flat = BatchScaling(batch=64, factor=4, module="Tiny", small_s=0.008, large_s=0.009)
+    m = _m(flat)
+    if optimizer:
+        m = dataclasses.replace(m, update=UpdateReplay(optimizer=optimizer, impl="foreach"))
+    r = batch_remedy(m, PHASE, fallback_share=0.5, memory_bound=False)
+    assert r.action == f"batch_size 64 -> 256 (fewer, larger steps; {text})"
+    assert r.lr_scale == lr
 
 
 def test_the_bf16_bound_is_the_replay_under_autocast_when_there_is_one():
@@ -694,7 +709,10 @@ def test_every_trained_module_is_replayed_as_often_as_the_step_calls_it():
     g_before = [p.detach().clone() for p in G.parameters()]
     sc = measure_scaling(cap.calls, torch.device("cpu"))
     assert sc.measured and sc.modules == 2 and sc.calls_per_step == 1  # one replay, both in it
-    assert sc.module == "3x Sequential + Sequential" and sc.batch == 16
+    assert sc.module == "3x Sequential #1 + Sequential #2" and sc.batch == 16
+    # each model apart: D's three calls and G's one, replayed alone at the step's batch
+    assert list(sc.module_s) == ["3x Sequential #1", "Sequential #2"]
+    assert all(t > 0 for t in sc.module_s.values())
     assert all(torch.equal(a, b) for a, b in zip(g_before, G.parameters()))
 
 

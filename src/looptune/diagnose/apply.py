@@ -13,7 +13,11 @@
   Lightning ``Trainer(precision="bf16-mixed")`` and ``Fabric(precision="bf16-mixed")``,
   Accelerate ``Accelerator(mixed_precision="bf16")``;
 * the optimizer's constructor arguments (``fused=True`` / ``foreach=True``): every construction
-  of that torch.optim class (and its subclasses) gets them.
+  of that torch.optim class (and its subclasses) gets them;
+* a larger batch's learning rate: every construction of that torch.optim class (and its
+  subclasses) has each parameter group's ``lr`` multiplied by the batch's scaling rule
+  (:func:`looptune.diagnose.rules.batch.lr_rule`) once it is built, so a scheduler built on it
+  starts from the scaled rate.
 """
 
 from __future__ import annotations
@@ -27,7 +31,7 @@ from typing import Any
 import torch
 
 __all__ = ["FRAMEWORK_SWITCH", "as_float32", "framework_precision",
-           "overridden_optimizer", "per_forward_autocast"]
+           "overridden_optimizer", "per_forward_autocast", "scaled_lr"]
 
 
 def as_float32(out: Any) -> Any:
@@ -158,3 +162,35 @@ def _patched_init(cls: type, kwargs: dict[str, Any], hits: list[int]) -> Iterato
         yield
     finally:
         cls.__init__ = original
+
+
+@contextlib.contextmanager
+def scaled_lr(name: str, factor: float, *, hits: list[int] | None = None) -> Iterator[None]:
+    """Every ``torch.optim.<name>`` (and subclass) built with its learning rate times ``factor``
+    (each parameter group's, and the defaults a later ``add_param_group`` reads)."""
+    if not factor > 0:
+        raise ValueError(f"learning-rate factor {factor!r}: must be > 0")
+    cls = getattr(torch.optim, name)
+    hits = [0] if hits is None else hits
+    original = cls.__dict__.get("__init__")
+    if original is None:  # inherits its constructor: patch a wrapper on the class itself
+        original = cls.__init__
+
+    def __init__(self, *args, **kw):
+        original(self, *args, **kw)
+        hits[0] += 1
+        for group in self.param_groups:
+            group["lr"] = group["lr"] * factor
+        if "lr" in self.defaults:
+            self.defaults["lr"] = self.defaults["lr"] * factor
+
+    __init__.__wrapped__ = original  # type: ignore[attr-defined]
+    had = "__init__" in cls.__dict__
+    cls.__init__ = __init__
+    try:
+        yield
+    finally:
+        if had:
+            cls.__init__ = original
+        else:
+            del cls.__init__

@@ -51,9 +51,10 @@ class PlanRound:
 
 def switches(verify: dict[str, Any]) -> dict[str, Any]:
     """The rerun's switches of a --verify record, to apply in every later run."""
-    opt = verify.get("optimizer")
+    opt, lr = verify.get("optimizer"), verify.get("lr_scale")
     return {"loader_overrides": verify.get("overrides"), "autocast": verify.get("autocast"),
             "framework": verify.get("framework"),
+            "lr_scale": None if not lr else (lr["class"], lr["factor"]),
             "optimizer": None if not opt else (opt["class"], {k: v for k, v in opt.items()
                                                              if k != "class"})}
 

@@ -103,7 +103,9 @@ class Diagnosis:
                 "--json of another version? Rerun the diagnosis.")
         try:
             return cls(**{**data, "findings": [Finding(**f) for f in data["findings"]],
-                          "remedies": [Remedy(**r) for r in data["remedies"]],
+                          "remedies": [Remedy(**{**r, "lr_scale": tuple(r["lr_scale"])})
+                                       if r.get("lr_scale") else Remedy(**r)
+                                       for r in data["remedies"]],
                           "loaders": [LoaderInfo(**ld) for ld in data["loaders"]]})
         except TypeError as err:  # a finding / remedy / loader with other fields
             raise MeasurementError(f"not a diagnosis record: {err}. Rerun the diagnosis.") from None

@@ -27,7 +27,8 @@ from looptune.measure.records import (
     BatchScaling, ChainTotals, Measurements, UpdateReplay, WorkerRead)
 from looptune.diagnose.predecode import gather_seconds
 from looptune.diagnose.result import MAX_WARMUP_STEPS, Diagnosis
-from looptune.diagnose.apply import framework_precision, overridden_optimizer, per_forward_autocast
+from looptune.diagnose.apply import (framework_precision, overridden_optimizer,
+                                     per_forward_autocast, scaled_lr)
 from looptune.diagnose.scaling import measure_scaling, time_model_in_step, with_in_step
 from looptune.diagnose.window import UNBOUNDED, MeasurementWindow
 from looptune.diagnose.update_replay import described_update, measure_update
@@ -121,7 +122,7 @@ class _ScriptRun:
 def _run_once(target, args, *, module, steps, warmup, seconds, trace_dir,
               loader_overrides: dict[str, Any] | None = None, autocast: str | None = None,
               framework: str | None = None, optimizer: tuple[str, dict] | None = None,
-              scale: bool = True, first_step_timeout: float | None = None) -> _ScriptRun:
+              lr_scale: tuple[str, float] | None = None, scale: bool = True, first_step_timeout: float | None = None) -> _ScriptRun:
     device = torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
     schedule = MeasurementWindow(warmup=warmup, steps=steps, seconds=seconds,
                                  trace_dir=trace_dir, device=device)
@@ -145,15 +146,16 @@ def _run_once(target, args, *, module, steps, warmup, seconds, trace_dir,
 
     probes = StepProbes(on_step=on_step, on_restart=on_restart,
                         first_step_timeout_s=first_step_timeout)
-    if scale:
-        time_model_in_step(schedule, probes)
+    # the model's forward + backward timed in every step, in a rerun too: its hooks cost the
+    # same in both, so a tiny step's before -> after is not flattered by the rerun lacking them
+    time_model_in_step(schedule, probes)
     chain, marks = InputChainProbes(), {}
     schedule.on_measuring = lambda: marks.setdefault("start", chain.snapshot())
     error, oom, exit_code, where = None, False, 0, None
     t0 = time.perf_counter()
     with (script_env(target, args, module) as run, probes, chain, waits,
           overridden_loaders(loader_overrides),
-          _remedy_applied(device, autocast, framework, optimizer) as applied):
+          _remedy_applied(device, autocast, framework, optimizer, lr_scale) as applied):
         try:
             schedule.begin()
             forked_children_exit_alone(run, os.getpid())
@@ -198,7 +200,8 @@ def _run_once(target, args, *, module, steps, warmup, seconds, trace_dir,
 
 @contextlib.contextmanager
 def _remedy_applied(device: torch.device, autocast: str | None, framework: str | None,
-                    optimizer: tuple[str, dict] | None):
+                    optimizer: tuple[str, dict] | None,
+                    lr_scale: tuple[str, float] | None = None):
     """--verify: the remedy's switch on for the rerun; yields a one-item list that counts the
     times the switch was used (model forwards under autocast, constructions patched)."""
     hits = [0]
@@ -210,6 +213,8 @@ def _remedy_applied(device: torch.device, autocast: str | None, framework: str |
             stack.enter_context(framework_precision(framework, hits=hits))
         if optimizer:
             stack.enter_context(overridden_optimizer(*optimizer, hits=hits))
+        if lr_scale:  # a larger batch's learning rate: counts as applied with its batch size
+            stack.enter_context(scaled_lr(*lr_scale))
         yield hits
 
 

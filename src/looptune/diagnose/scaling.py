@@ -314,9 +314,8 @@ def measure_scaling(calls: list[_Call], device: torch.device, *, factor: int = F
                             batch_dim=None if problem and UNKNOWN_DIM in problem else 0)
     main = parts[0]
     batch, many = main.batch, len(parts) > 1
-    name = (" + ".join(f"{p.calls}x {type(p.call.module).__name__}" if p.calls > 1
-                       else type(p.call.module).__name__ for p in parts) if many
-            else type(main.call.module).__name__)
+    labels = _labels(parts)
+    name = " + ".join(labels) if many else type(main.call.module).__name__
     try:
         replays: dict[Any, list] = {batch: [], batch * factor: [], "bf16": []}
         for part in parts:
@@ -345,6 +344,11 @@ def measure_scaling(calls: list[_Call], device: torch.device, *, factor: int = F
         for _ in range(_rounds(warm["bf16"]) if warm["bf16"] < BUDGET_S else 0):
             times_s["bf16"].append(_time(run["bf16"], device))
         times_s["bf16"] = times_s["bf16"] or [warm["bf16"]]  # too slow to repeat: its one call
+        # several modules: each one alone at the step's batch, as often as the step called it
+        # (a GAN's generator and discriminator shown apart)
+        alone = {label: _together([fn]) for label, fn in zip(labels, replays[batch])} if many else {}
+        module_s = {label: min(_time(fn, device) for _ in range(_rounds(_time_once(fn, device))))
+                    for label, fn in alone.items()}
     except (RuntimeError, TypeError, ValueError) as err:  # OOM, a shape the model refuses, ...
         first = str(err).strip().splitlines()[0][:200] if str(err).strip() else ""
         return BatchScaling(batch=batch, factor=factor, module=name,
@@ -355,7 +359,21 @@ def measure_scaling(calls: list[_Call], device: torch.device, *, factor: int = F
                         calls_per_step=1 if many else main.calls,
                         small_s=min(times_s[batch]), large_s=min(times_s[batch * factor]),
                         bf16_s=min(times_s["bf16"]), beside_busy_s=_beside_busy(run[batch], device),
-                        batch_dim=main.dim, batch_evidence=main.evidence, modules=len(parts))
+                        batch_dim=main.dim, batch_evidence=main.evidence, modules=len(parts),
+                        module_s=module_s)
+
+
+def _labels(parts: list[Any]) -> list[str]:
+    """Each replayed module's label: its class (``3x`` its calls per step); two of one class
+    (an encoder and a decoder built from one class) are told apart by their order."""
+    names = [type(p.call.module).__name__ for p in parts]
+    seen: dict[str, int] = {}
+    out = []
+    for p, n in zip(parts, names):
+        seen[n] = seen.get(n, 0) + 1
+        own = n if names.count(n) == 1 else f"{n} #{seen[n]}"
+        out.append(f"{p.calls}x {own}" if p.calls > 1 else own)
+    return out
 
 
 def _together(fns: list[tuple[Any, int]]):

@@ -3,8 +3,10 @@
 What can be applied to an unmodified script from outside:
 
 * ``loader``: ``DataLoader(num_workers=..., ...)`` - every DataLoader is built with those settings;
-* ``batch``: ``batch_size B -> kB`` - every DataLoader gets ``batch_size=kB``; compared per
-  sample (a step then carries k times the samples);
+* ``batch``: ``batch_size B -> kB`` - every DataLoader gets ``batch_size=kB``, and the
+  optimizer's learning rate the scaling rule of its class (x k for SGD, x sqrt(k) for Adam and
+  the other adaptive ones: :func:`looptune.diagnose.rules.batch.lr_rule`); compared per sample
+  (a step then carries k times the samples);
 * ``tensorized``: pre-decode - every map-style dataset is read once into tensors and batches are
   gathered by index (:mod:`looptune.diagnose.predecode`);
 * ``precision``: bf16 autocast around each forward of the model (and
@@ -74,7 +76,8 @@ def _how(remedy: Remedy, batch: int | None, decode_s: float | None = None
         return {"loader_overrides": parse_loader_action(remedy.action)}
     if remedy.kind == "batch" and batch and remedy.action.startswith(f"batch_size {batch} -> "):
         new = int(remedy.action.split("->", 1)[1].split()[0])
-        return {"loader_overrides": {"batch_size": new}}
+        return {"loader_overrides": {"batch_size": new},
+                "lr_scale": remedy.lr_scale}  # (optimizer class, factor) or None
     if remedy.kind == "tensorized" and remedy.action.startswith("pre-decode"):
         if decode_s is None or decode_s > predecode.BUDGET_S:
             return None  # a stream (no length), or too long to read once for a rerun
@@ -127,7 +130,7 @@ def verify_remedy(verdict: Verdict, *, before: Any, steps: int, rerun: Callable[
                   prefer: str | None = None, skip: Sequence[str] = ()) -> dict[str, Any]:
     """Rerun with the top applicable remedy (with ``prefer``, the highest-ranked applicable one of
     that kind; never one whose action is in ``skip``: --plan's remedies already tried);
-    ``rerun(loader_overrides=, autocast=, framework=, optimizer=, seconds=)`` runs the script
+    ``rerun(loader_overrides=, autocast=, framework=, optimizer=, lr_scale=, seconds=)`` runs the script
     again and returns its run (step_s, error, measurements, losses)."""
     loaders = before.measurements.loaders
     batch = loaders[0].batch_size if loaders else None
@@ -150,7 +153,7 @@ def verify_remedy(verdict: Verdict, *, before: Any, steps: int, rerun: Callable[
                 f"({said}): nothing was rerun"}
     remedy, how = chosen
     kw = {"loader_overrides": None, "autocast": None, "framework": None, "optimizer": None,
-          "seconds": None, **how}
+          "lr_scale": None, "seconds": None, **how}
     overrides = kw["loader_overrides"]
     if remedy.kind in CHANGES_TRAINING:  # the same wall time, judged by the loss reached
         kw["seconds"] = sum(before.step_s)
@@ -159,6 +162,8 @@ def verify_remedy(verdict: Verdict, *, before: Any, steps: int, rerun: Callable[
         "autocast": kw["autocast"], "framework": kw["framework"],
         "optimizer": None if kw["optimizer"] is None else {"class": kw["optimizer"][0],
                                                            **kw["optimizer"][1]},
+        "lr_scale": None if kw["lr_scale"] is None else {"class": kw["lr_scale"][0],
+                                                         "factor": kw["lr_scale"][1]},
         "before_step_ms": verdict.step_ms,
         "expected_speedup": remedy.expected_speedup, "top": remedy is verdict.remedies[0],
         "changes_training": None}  # set when the rerun did not train like the original

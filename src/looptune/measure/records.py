@@ -98,6 +98,9 @@ class BatchScaling:
     batch_dim: int | None = 0
     batch_evidence: str | None = None
     modules: int = 1  # trained modules replayed together (a GAN's generator and discriminator)
+    # several modules: each one's forward(s) + backward per step at ``batch``, replayed alone
+    # ("3x Discriminator": its three calls), in the order the step first called them
+    module_s: dict[str, float] = field(default_factory=dict)
 
     @property
     def measured(self) -> bool:

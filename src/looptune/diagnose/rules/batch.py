@@ -24,8 +24,8 @@ from looptune.diagnose.rules.profile import MAX_REMOVED
 from looptune.diagnose.rules.records import Remedy
 from looptune.measure.records import BatchScaling, Measurements
 
-__all__ = ["BUSY_OVERHEAD_SHARE", "FALLBACK_FACTOR", "FALLBACK_FIXED_REMOVED", "ScaledStep",
-           "batch_remedy", "batch_verdict", "scaled_step"]
+__all__ = ["BUSY_OVERHEAD_SHARE", "FALLBACK_FACTOR", "FALLBACK_FIXED_REMOVED", "LINEAR_LR",
+           "SQRT_LR", "ScaledStep", "batch_remedy", "batch_verdict", "lr_rule", "scaled_step"]
 
 # the per-step (batch-independent) share of the busy time (compute + sync + other) from which the
 # step is overhead, measured by the model's replay at B and k x B. Assumed; checked by
@@ -43,6 +43,13 @@ FALLBACK_FACTOR = 4
 # without a replay: the share of the per-step cost a FALLBACK_FACTOR x larger batch removes per
 # sample (it is paid once per k x the samples: 1 - 1/4). Assumed, not measured.
 FALLBACK_FIXED_REMOVED = 0.75
+# the learning rate that goes with k x the batch, by the optimizer's class: linear (x k) for SGD
+# (Goyal et al. 2017, "Accurate, Large Minibatch SGD"), square root (x sqrt(k)) for Adam and the
+# other adaptive methods (Malladi et al. 2022, "On the SDEs and Scaling Rules for Adaptive
+# Gradient Algorithms"). Others (LBFGS's line search, Rprop's signs, Adadelta's unit-free steps):
+# no rule, the rate is left as it is and the action says so
+LINEAR_LR = ("SGD", "ASGD")
+SQRT_LR = ("Adam", "AdamW", "Adamax", "NAdam", "RAdam", "RMSprop", "Adagrad", "SparseAdam")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -110,9 +117,12 @@ def _replay_text(sc: BatchScaling) -> str:
                 "or the machine's speed changed between them; the scaling is less certain)")
     calls = f", called {sc.calls_per_step}x per step" if sc.calls_per_step > 1 else ""
     where = f" (batch {sc.batch_evidence})" if sc.batch_evidence else ""
+    apart = ("; each alone at that batch: " + ", ".join(f"{k} {v * 1e3:.3f} ms"
+                                                         for k, v in sc.module_s.items())
+             if sc.module_s else "")
     return (f"{sc.module} forward+backward replayed at batch {sc.batch}{where}{calls}: "
             f"{sc.small_s * 1e3:.3f} ms, at {big}: {sc.large_s * 1e3:.3f} ms "
-            f"({sc.per_sample_gain:.2f}x per sample){own}")
+            f"({sc.per_sample_gain:.2f}x per sample){apart}{own}")
 
 
 def batch_verdict(m: Measurements, phase_s: dict[str, float],
@@ -140,11 +150,31 @@ def batch_verdict(m: Measurements, phase_s: dict[str, float],
                   "replay_batch": sc.batch, "replay_factor": sc.factor,
                   "replay_small_ms": round(sc.small_s * 1e3, 4),
                   "replay_large_ms": round(sc.large_s * 1e3, 4), "replay_module": sc.module,
+                  "replay_per_module_ms": {k: round(v * 1e3, 4) for k, v in sc.module_s.items()}
+                  or None,
                   "batch_dim": sc.batch_dim, "batch_evidence": sc.batch_evidence,
                   "calls_per_step": sc.calls_per_step,
                   "in_step_ms": round(sc.in_step_s * 1e3, 4) if sc.in_step_s else None,
                   "replay_vs_in_step": (None if (r := replay_vs_in_step(sc)) is None
                                         else round(r, 3))}
+
+
+def lr_rule(optimizer: str | None, k: int) -> tuple[float, str] | None:
+    """(factor, its rule's name) for the learning rate at k x the batch; None: no rule."""
+    if optimizer in LINEAR_LR:
+        return float(k), "linear scaling for SGD"
+    if optimizer in SQRT_LR:
+        return round(k ** 0.5, 4), f"square-root scaling for {optimizer}"
+    return None
+
+
+def _lr_text(m: Measurements, k: int) -> tuple[str, tuple[str, float] | None]:
+    name = m.update.optimizer if m.update is not None else None
+    rule = lr_rule(name, k)
+    if rule is None:
+        return (f"scale the learning rate (no rule for {name}: tune it)" if name
+                else "scale the learning rate"), None
+    return f"learning rate x{rule[0]:g}: {rule[1]}", (name, rule[0])
 
 
 def batch_remedy(m: Measurements, phase_s: dict[str, float], *, fallback_share: float,
@@ -159,7 +189,8 @@ def batch_remedy(m: Measurements, phase_s: dict[str, float], *, fallback_share: 
         sc.batch if sc is not None and sc.batch else None)
     k = sc.factor if sc is not None else FALLBACK_FACTOR
     size = f"batch_size {b} -> {k * b}" if b else f"batch size B -> {k}B"
-    action = f"{size} (fewer, larger steps; scale the learning rate)"
+    lr_text, lr_scale = _lr_text(m, k)
+    action = f"{size} (fewer, larger steps; {lr_text})"
     if s is not None:
         p = phase_s
         reason = (f"{_replay_text(sc)}; at {k}x the batch the data wait and copies grow {k}x, the "
@@ -168,11 +199,11 @@ def batch_remedy(m: Measurements, phase_s: dict[str, float], *, fallback_share: 
                   f"{(p['data_wait'] + p['host_to_device']) * 1e3:.3f} + "
                   f"{(s.busy_large_s) * 1e3:.3f}) ms = {s.speedup:.2f}x per sample")
         return Remedy(action=action, expected_speedup=round(s.speedup, 2), reason=reason,
-                      kind="batch")
+                      kind="batch", lr_scale=lr_scale)
     why = sc.note if sc is not None and sc.note else "the model was not replayed"
     gain = 1 / (1 - min(MAX_REMOVED, fallback_share * FALLBACK_FIXED_REMOVED))
     return Remedy(action=action, expected_speedup=round(gain, 2), kind="batch", estimated=True,
-                  reason=(
+                  lr_scale=lr_scale, reason=(
         f"not measured ({why}): assumes the per-step cost, {fallback_share:.1%} of the step, is "
         f"fixed and paid once per {k}x the samples: 1/(1 - {fallback_share:.4f} x "
         f"{FALLBACK_FIXED_REMOVED}); "

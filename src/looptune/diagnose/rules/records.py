@@ -36,6 +36,9 @@ class Remedy:
     # whose bound was measured, whatever it promises (issue 32: compile promised 1.11x on an
     # estimate, measured 0.85x, above a bf16 replay's 1.10x that measured 1.30x)
     estimated: bool = False
+    # batch: the learning rate that goes with the larger batch, as (optimizer class, factor) by
+    # its class's scaling rule; --verify's rerun applies both. None: no rule for that optimizer
+    lr_scale: tuple[str, float] | None = None
 
 
 @dataclass(frozen=True, kw_only=True)
