@@ -12,7 +12,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-__all__ = ["SimpleFeedForwardNN", "SmallCNN", "GPTConfig", "GPT", "lm_loss"]
+__all__ = ["SimpleFeedForwardNN", "SmallCNN", "ImageCNN", "GPTConfig", "GPT", "lm_loss"]
 
 
 class SimpleFeedForwardNN(nn.Module):
@@ -50,6 +50,30 @@ class SmallCNN(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.dim() == 3:
             x = x.unsqueeze(1)  # N x H x W -> N x 1 x H x W
+        return self.head(self.features(x).flatten(1))
+
+
+class ImageCNN(nn.Module):
+    """Three strided 3x3 convolutions with BatchNorm and ReLU, then a linear classifier over the
+    flattened features: N x 3 x S x S colour images (S = 32: 32 -> 16 -> 8 -> 4) -> 10 logits.
+    Small on purpose: on a folder of JPEGs its step is a fraction of the per-sample decode and
+    augmentation, as a GPU's step is (issue 33)."""
+
+    def __init__(self, channels: tuple[int, int, int] = (16, 32, 64), classes: int = 10,
+                 size: int = 32) -> None:
+        super().__init__()
+        if size % 8:
+            raise ValueError(f"size={size}: must be a multiple of 8 (three stride-2 layers)")
+        layers: list[nn.Module] = []
+        previous = 3
+        for c in channels:
+            layers += [nn.Conv2d(previous, c, 3, stride=2, padding=1, bias=False),
+                       nn.BatchNorm2d(c), nn.ReLU()]
+            previous = c
+        self.features = nn.Sequential(*layers)
+        self.head = nn.Linear(previous * (size // 8) ** 2, classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.head(self.features(x).flatten(1))
 
 

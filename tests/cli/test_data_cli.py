@@ -124,3 +124,25 @@ def test_mnist_missing_still_names_its_fix(capsys, tmp_path: Path) -> None:
 def test_mnist_still_verifies(capsys, mnist_dir: Path) -> None:
     assert main(["data", "mnist", "--data", str(mnist_dir)]) == 0
     assert "MNIST found and verified" in capsys.readouterr().out
+
+
+@pytest.mark.integration
+def test_images_writes_a_jpeg_folder_then_checks_it(capsys, mnist_dir: Path, tmp_path: Path) -> None:
+    out = tmp_path / "jpegs"
+    assert main(["data", "images", "--out", str(out), "--samples", "30", "--data",
+                 str(mnist_dir), "--max-size", "160"]) == 0
+    said = capsys.readouterr().out
+    assert "wrote 30 JPEGs" in said and "10 class folders" in said and "manifest.json" in said
+    assert len(list(out.glob("*/*.jpg"))) == 30
+    (out / "3" / "broken.jpg").write_bytes(b"\xff\xd8\xff\xe0" + b"\x00" * 100)
+    code = main(["data", "images", "--out", str(out)])
+    err = capsys.readouterr().err
+    assert code == 2 and "broken.jpg: a truncated JPEG" in err and "--skip-bad" in err
+    assert main(["data", "images", "--out", str(out), "--skip-bad"]) == 0
+    said = capsys.readouterr().out
+    assert "30 images in 10 classes" in said and "1 bad file(s) skipped" in said
+
+
+def test_images_without_out_names_the_flag(capsys) -> None:
+    assert main(["data", "images"]) == 2
+    assert "needs --out DIR" in capsys.readouterr().err

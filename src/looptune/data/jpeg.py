@@ -1,0 +1,319 @@
+"""Decoding and augmenting a folder of JPEGs: per sample as people write it, and the faster ways.
+
+* :class:`FolderDataset` is the pipeline of the tutorials (``ImageFolder`` + ``RandomResizedCrop``
+  + ``RandomHorizontalFlip`` + ``ToTensor`` + ``Normalize``), written without torchvision: one
+  file read and decoded with PIL per sample, a random crop of 8-100% of the image's area (aspect
+  3/4 to 4/3, torchvision's draw, ten tries then a centre crop) resized to ``size`` x ``size``
+  (bilinear), a coin-flip mirror, scaled to [0, 1] and normalized per channel.
+  ``draft=True`` decodes the same crop at a reduced size: the crop is drawn from the image's
+  header (its size, before any decoding), then PIL's JPEG ``draft`` mode decodes at the largest
+  1/2, 1/4 or 1/8 scale that still gives the crop at least ``size`` pixels a side (the DCT is
+  scaled inside libjpeg, so most of the decode is skipped), and the box is scaled to match.
+* :func:`decode_all` decodes every file once into one uint8 tensor ``(N, 3, S, S)`` (the whole
+  image resized to S x S, as FFCV's "raw" mode stores pixels at a set resolution) with each
+  file's original width and height; :func:`crop_batch` then draws the same random resized crop
+  and flip for a whole batch at once, in the original image's coordinates, and resamples the
+  batch with one ``affine_grid`` + ``grid_sample`` on its device: the same crops as the per-sample
+  path (normalized coordinates do not change when the image is resized), from S-pixel pixels.
+* With a ``seed``, both paths draw each sample's crop and flip from ``(seed, epoch, index)``
+  (:func:`keyed_crops`, :class:`EpochSampler`): the same pictures whichever path, process or
+  worker made them, so recipes that differ only in how they feed the step train alike.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from PIL import Image
+from torch.utils.data import Dataset
+
+from looptune.data.image_folder import Samples
+from looptune.errors import ConfigError, DataError
+
+__all__ = ["MEAN", "STD", "EpochSampler", "FolderDataset", "crop_batch", "crop_box",
+           "decode_all", "draw_crops", "keyed_crops", "normalize"]
+
+# the per-channel mean and std of ImageNet's pixels in [0, 1], as the tutorials' Normalize uses
+MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
+SCALE, RATIO = (0.08, 1.0), (3 / 4, 4 / 3)  # torchvision RandomResizedCrop's defaults
+TRIES = 10  # torchvision draws this many crops before it falls back to a centre crop
+
+
+def crop_box(width: int, height: int, rng: torch.Generator | None = None,
+             scale: tuple[float, float] = SCALE, ratio: tuple[float, float] = RATIO
+             ) -> tuple[int, int, int, int]:
+    """``(left, top, w, h)`` of a random resized crop, torchvision's draw on torch's RNG."""
+    area = width * height
+    log_ratio = (math.log(ratio[0]), math.log(ratio[1]))
+    for _ in range(TRIES):
+        target = area * torch.empty(1).uniform_(scale[0], scale[1], generator=rng).item()
+        aspect = math.exp(torch.empty(1).uniform_(log_ratio[0], log_ratio[1], generator=rng).item())
+        w = int(round(math.sqrt(target * aspect)))
+        h = int(round(math.sqrt(target / aspect)))
+        if 0 < w <= width and 0 < h <= height:
+            top = int(torch.randint(0, height - h + 1, size=(1,), generator=rng).item())
+            left = int(torch.randint(0, width - w + 1, size=(1,), generator=rng).item())
+            return left, top, w, h
+    return _centre(width, height, ratio)
+
+
+def _centre(width: int, height: int, ratio: tuple[float, float]) -> tuple[int, int, int, int]:
+    in_ratio = width / height
+    if in_ratio < min(ratio):
+        w, h = width, int(round(width / min(ratio)))
+    elif in_ratio > max(ratio):
+        w, h = int(round(height * max(ratio))), height
+    else:
+        w, h = width, height
+    return (width - w) // 2, (height - h) // 2, w, h
+
+
+def normalize(x: torch.Tensor, mean: Sequence[float] = MEAN, std: Sequence[float] = STD) -> torch.Tensor:
+    """uint8 or [0, 1] float ``(..., 3, H, W)`` -> normalized float32."""
+    if x.dtype == torch.uint8:
+        x = x.float().div_(255)
+    m = torch.tensor(mean, device=x.device).view(3, 1, 1)
+    s = torch.tensor(std, device=x.device).view(3, 1, 1)
+    return (x - m) / s
+
+
+class FolderDataset(Dataset):
+    """Per-sample decode + augmentation of an ImageFolder-layout folder (see the module doc).
+
+    Args:
+        samples: :func:`looptune.data.image_folder.scan` of the folder.
+        size: the training resolution (pixels a side).
+        train: random resized crop + flip; False: the whole image resized (evaluation).
+        draft: decode at a reduced size where the crop allows (JPEG only; PNGs decode whole).
+        scale: the crop's share of the image's area, drawn uniformly in this range.
+        seed: draw each sample's crop and flip from ``(seed, epoch, index)``
+            (:func:`keyed_crops`), its index then ``(index, epoch)`` (:class:`EpochSampler`);
+            None: from torch's RNG, as torchvision does.
+    """
+
+    def __init__(self, samples: Samples, size: int = 64, *, train: bool = True,
+                 draft: bool = False, scale: tuple[float, float] = SCALE,
+                 seed: int | None = None) -> None:
+        if not isinstance(size, int) or isinstance(size, bool) or not 8 <= size <= 1024:
+            raise ConfigError(f"size={size!r}: must be an integer from 8 to 1024 (pixels a side)")
+        if not 0 < scale[0] <= scale[1] <= 1:
+            raise ConfigError(f"scale={scale!r}: need 0 < low <= high <= 1 (shares of the area)")
+        self.samples, self.size, self.train, self.draft = samples, size, train, draft
+        self.scale, self.seed = tuple(scale), seed
+        self._mean = torch.tensor(MEAN).view(3, 1, 1)
+        self._std = torch.tensor(STD).view(3, 1, 1)
+
+    def __len__(self) -> int:
+        return len(self.samples)
+
+    def __getitem__(self, key: int | tuple[int, int]) -> tuple[torch.Tensor, int]:
+        i, epoch = key if isinstance(key, tuple) else (key, 0)
+        path, s = self.samples.paths[i], self.size
+        mirror = None
+        try:
+            with Image.open(path) as img:
+                width, height = img.size
+                if self.train and self.seed is not None:  # keyed_crops' draw, one sample
+                    u = _uniforms_one(self.seed, epoch, i, 2 * TRIES + 3)
+                    left, top, w, h = _box(width, height, u, self.scale, RATIO)
+                    mirror = u[-1] < 0.5
+                elif self.train:
+                    left, top, w, h = crop_box(width, height, scale=self.scale)
+                else:
+                    left, top, w, h = 0, 0, width, height
+                if self.draft and img.format == "JPEG":
+                    img.draft("RGB", (math.ceil(width * s / w), math.ceil(height * s / h)))
+                fx, fy = img.size[0] / width, img.size[1] / height  # the draft's scale
+                out = img.convert("RGB").resize(
+                    (s, s), Image.BILINEAR, box=(left * fx, top * fy, (left + w) * fx, (top + h) * fy))
+        except (OSError, ValueError) as err:  # a file that changed or broke after the scan
+            raise DataError(f"{path}: cannot be decoded ({err}). Remove or replace it, and "
+                            "scan the folder again (skip_bad=True skips such files).") from None
+        if self.train and (mirror if mirror is not None else torch.rand(1).item() < 0.5):
+            out = out.transpose(Image.FLIP_LEFT_RIGHT)
+        x = torch.from_numpy(np.asarray(out).copy()).permute(2, 0, 1).float().div_(255)
+        return (x - self._mean) / self._std, self.samples.labels[i]
+
+
+class EpochSampler(torch.utils.data.Sampler):
+    """A shuffled order of ``n`` samples drawn from ``(seed, epoch)``, yielding ``(index, epoch)``
+    keys for a :class:`FolderDataset` with a ``seed``; :meth:`set_epoch` before each epoch (as
+    ``DistributedSampler``). The order is :meth:`order`, so a batched path can follow it."""
+
+    def __init__(self, n: int, seed: int) -> None:
+        self.n, self.seed, self.epoch = n, seed, 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def order(self) -> torch.Tensor:
+        return torch.randperm(self.n, generator=torch.Generator().manual_seed(
+            self.seed * 100_003 + self.epoch))
+
+    def __iter__(self):
+        return iter([(int(i), self.epoch) for i in self.order()])
+
+    def __len__(self) -> int:
+        return self.n
+
+
+def decode_all(samples: Samples, size: int, *, workers: int = 0
+               ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Every file decoded once, resized whole to ``size`` x ``size``: ``(images uint8 (N, 3,
+    size, size), labels int64 (N,), original sizes int64 (N, 2) as (width, height))``.
+    ``workers`` > 0 decodes in that many DataLoader worker processes."""
+    data = _Whole(samples, size)
+    images = torch.empty(len(samples), 3, size, size, dtype=torch.uint8)
+    sizes = torch.empty(len(samples), 2, dtype=torch.long)
+    loader = torch.utils.data.DataLoader(data, batch_size=64, num_workers=workers)
+    n = 0
+    for x, wh in loader:
+        images[n:n + len(x)], sizes[n:n + len(x)] = x, wh
+        n += len(x)
+    return images, torch.tensor(samples.labels, dtype=torch.long), sizes
+
+
+class _Whole(Dataset):
+    def __init__(self, samples: Samples, size: int) -> None:
+        self.samples, self.size = samples, size
+
+    def __len__(self) -> int:
+        return len(self.samples)
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
+        path = self.samples.paths[i]
+        try:
+            with Image.open(path) as img:
+                wh = torch.tensor(img.size)
+                img.draft("RGB", (self.size, self.size)) if img.format == "JPEG" else None
+                out = img.convert("RGB").resize((self.size, self.size), Image.BILINEAR)
+        except (OSError, ValueError) as err:
+            raise DataError(f"{path}: cannot be decoded ({err}). Remove or replace it.") from None
+        return torch.from_numpy(np.asarray(out).copy()).permute(2, 0, 1), wh
+
+
+def draw_crops(sizes: torch.Tensor, generator: torch.Generator | None = None,
+               scale: tuple[float, float] = SCALE, ratio: tuple[float, float] = RATIO
+               ) -> torch.Tensor:
+    """Random resized crops for a batch at once: ``sizes`` (B, 2) widths and heights -> (B, 4)
+    ``left, top, w, h`` in pixels, torchvision's draw (ten tries each, then a centre crop), on
+    torch's RNG."""
+    u = torch.rand(len(sizes), 2 * TRIES + 2, dtype=torch.float64, generator=generator)
+    return _crops(sizes.to(torch.float64), u, scale, ratio)
+
+
+def keyed_crops(seed: int, epoch: int, index: Sequence[int] | np.ndarray, sizes: torch.Tensor,
+                scale: tuple[float, float] = SCALE, ratio: tuple[float, float] = RATIO
+                ) -> tuple[torch.Tensor, torch.Tensor]:
+    """The crops (B, 4) and mirror flags (B,) of samples ``index`` in ``epoch``: torchvision's
+    draw on random numbers that depend only on ``(seed, epoch, index)`` (a counter-based
+    generator, splitmix64). The per-sample path (in any DataLoader worker) and the batched path
+    then draw the same crops for the same sample: every recipe trains on the same pictures."""
+    u = torch.from_numpy(_uniforms(seed, epoch, np.asarray(index, dtype=np.uint64), 2 * TRIES + 3))
+    return _crops(sizes.to(torch.float64), u[:, :-1], scale, ratio), u[:, -1] < 0.5
+
+
+_M1, _M2, _GOLDEN = np.uint64(0xBF58476D1CE4E5B9), np.uint64(0x94D049BB133111EB), \
+    np.uint64(0x9E3779B97F4A7C15)
+
+
+def _mix(z: np.ndarray) -> np.ndarray:
+    """splitmix64's finalizer (uint64, wrapping)."""
+    z = (z ^ (z >> np.uint64(30))) * _M1
+    z = (z ^ (z >> np.uint64(27))) * _M2
+    return z ^ (z >> np.uint64(31))
+
+
+def _uniforms(seed: int, epoch: int, index: np.ndarray, k: int) -> np.ndarray:
+    """(len(index), k) uniforms in [0, 1), each a function of (seed, epoch, index, column)."""
+    with np.errstate(over="ignore"):
+        key = _mix(_mix(np.array([seed % 2**64], dtype=np.uint64)) + np.uint64(epoch % 2**64) * _GOLDEN)
+        counter = index[:, None] * np.uint64(k) + np.arange(k, dtype=np.uint64)[None, :]
+        z = _mix(key + counter * _GOLDEN)
+    return (z >> np.uint64(11)).astype(np.float64) * 2.0 ** -53
+
+
+_MASK = 2**64 - 1
+
+
+def _mix_one(z: int) -> int:
+    z = ((z ^ (z >> 30)) * int(_M1)) & _MASK
+    z = ((z ^ (z >> 27)) * int(_M2)) & _MASK
+    return z ^ (z >> 31)
+
+
+def _uniforms_one(seed: int, epoch: int, index: int, k: int) -> list[float]:
+    """:func:`_uniforms` for one sample, in Python integers (no array set-up per sample)."""
+    key = _mix_one((_mix_one(seed % 2**64) + (epoch % 2**64) * int(_GOLDEN)) & _MASK)
+    return [(_mix_one((key + (index * k + j) * int(_GOLDEN)) & _MASK) >> 11) * 2.0 ** -53
+            for j in range(k)]
+
+
+def _box(width: int, height: int, u: list[float], scale: tuple[float, float],
+         ratio: tuple[float, float]) -> tuple[int, int, int, int]:
+    """:func:`_crops` for one image, in Python floats."""
+    lo, hi = math.log(ratio[0]), math.log(ratio[1])
+    for t in range(TRIES):
+        target = width * height * (scale[0] + (scale[1] - scale[0]) * u[t])
+        aspect = math.exp(lo + (hi - lo) * u[TRIES + t])
+        w, h = round(math.sqrt(target * aspect)), round(math.sqrt(target / aspect))
+        if 0 < w <= width and 0 < h <= height:
+            left = math.floor(u[2 * TRIES] * (width - w + 1))
+            top = math.floor(u[2 * TRIES + 1] * (height - h + 1))
+            return left, top, w, h
+    return _centre(width, height, ratio)
+
+
+def _crops(sizes: torch.Tensor, u: torch.Tensor, scale: tuple[float, float],
+           ratio: tuple[float, float]) -> torch.Tensor:
+    """torchvision's draw from given uniforms: ``u`` (B, 2 x TRIES + 2): the tries' areas, their
+    log-aspects, then the left and top offsets."""
+    width, height = sizes[:, 0], sizes[:, 1]
+    b = len(sizes)
+    target = width[:, None] * height[:, None] * (scale[0] + (scale[1] - scale[0]) * u[:, :TRIES])
+    lo, hi = math.log(ratio[0]), math.log(ratio[1])
+    aspect = torch.exp(lo + (hi - lo) * u[:, TRIES:2 * TRIES])
+    w = torch.round(torch.sqrt(target * aspect))
+    h = torch.round(torch.sqrt(target / aspect))
+    ok = (w > 0) & (w <= width[:, None]) & (h > 0) & (h <= height[:, None])
+    first = torch.where(ok.any(1), ok.to(torch.int8).argmax(1), 0)
+    pick = torch.arange(b)
+    w, h, found = w[pick, first], h[pick, first], ok.any(1)
+    left = torch.floor(u[:, 2 * TRIES] * (width - w + 1))
+    top = torch.floor(u[:, 2 * TRIES + 1] * (height - h + 1))
+    out = torch.stack([left, top, w, h], 1)
+    for i in torch.nonzero(~found).flatten().tolist():  # ten misses: the centre crop
+        out[i] = torch.tensor(_centre(int(width[i]), int(height[i]), ratio), dtype=torch.float64)
+    return out
+
+
+def crop_batch(images: torch.Tensor, sizes: torch.Tensor, size: int, *,
+               generator: torch.Generator | None = None, flip: bool = True,
+               scale: tuple[float, float] = SCALE, ratio: tuple[float, float] = RATIO,
+               boxes: torch.Tensor | None = None, flips: torch.Tensor | None = None
+               ) -> torch.Tensor:
+    """A batch of stored uint8 images ``(B, 3, S, S)`` (each the whole original image resized)
+    -> its random resized crops at ``size``, mirrored at random, normalized float32, on the
+    images' device; ``sizes`` the originals' (width, height). ``boxes`` / ``flips``: the crops
+    and mirror flags already drawn (:func:`keyed_crops`), else drawn here on ``generator``."""
+    if boxes is None:
+        boxes = draw_crops(sizes, generator, scale, ratio)  # in original pixels
+    wh = sizes.to(torch.float64)
+    x0, y0 = boxes[:, 0] / wh[:, 0], boxes[:, 1] / wh[:, 1]  # normalized: the same in any resize
+    x1, y1 = (boxes[:, 0] + boxes[:, 2]) / wh[:, 0], (boxes[:, 1] + boxes[:, 3]) / wh[:, 1]
+    sign = torch.ones(len(images), dtype=torch.float64)
+    if flips is not None:
+        sign = torch.where(flips, -1.0, 1.0).double()
+    elif flip:
+        sign = torch.where(torch.rand(len(images), generator=generator) < 0.5, -1.0, 1.0).double()
+    theta = torch.zeros(len(images), 2, 3, dtype=torch.float64)
+    theta[:, 0, 0], theta[:, 0, 2] = (x1 - x0) * sign, x0 + x1 - 1
+    theta[:, 1, 1], theta[:, 1, 2] = y1 - y0, y0 + y1 - 1
+    x = images.float().div_(255)
+    grid = F.affine_grid(theta.to(x), [len(images), 3, size, size], align_corners=False)
+    out = F.grid_sample(x, grid, mode="bilinear", padding_mode="border", align_corners=False)
+    return normalize(out)

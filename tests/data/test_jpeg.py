@@ -1,0 +1,167 @@
+"""Per-sample JPEG decode + augmentation, reduced-size (draft) decode, and the same crops drawn and
+applied to whole batches of pre-decoded images (issue 33)."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from looptune.data import image_folder
+from looptune.data.image_folder import Samples
+from looptune.data.jpeg import (MEAN, STD, EpochSampler, FolderDataset, crop_batch, crop_box,
+                                decode_all, draw_crops, keyed_crops, normalize)
+from looptune.errors import ConfigError, DataError
+
+
+def _gradient(w: int, h: int) -> Image.Image:
+    """R grows left to right, G top to bottom: any crop's geometry shows in its pixels."""
+    x = np.linspace(0, 255, w, dtype=np.float32)[None, :].repeat(h, 0)
+    y = np.linspace(0, 255, h, dtype=np.float32)[:, None].repeat(w, 1)
+    return Image.fromarray(np.stack([x, y, np.full_like(x, 128)], -1).astype(np.uint8), "RGB")
+
+
+@pytest.fixture
+def gradients(tmp_path) -> Samples:
+    (tmp_path / "a").mkdir()
+    paths = []
+    for i, (w, h) in enumerate([(240, 160), (160, 224), (200, 200)]):
+        p = tmp_path / "a" / f"{i}.jpg"
+        _gradient(w, h).save(p, format="JPEG", quality=95)
+        paths.append(p)
+    return image_folder.scan(tmp_path)
+
+
+def test_the_crop_draw_is_torchvisions(torchvision_transforms):
+    rrc = torchvision_transforms.RandomResizedCrop
+    img = torch.zeros(3, 150, 230)
+    for seed in range(50):
+        torch.manual_seed(seed)
+        top, left, h, w = rrc.get_params(img, scale=(0.08, 1.0), ratio=(3 / 4, 4 / 3))
+        torch.manual_seed(seed)
+        assert crop_box(230, 150) == (left, top, w, h)
+
+
+def test_a_crop_stays_inside_its_image_and_follows_the_scale_and_ratio():
+    torch.manual_seed(0)
+    for w, h in [(240, 160), (32, 400), (128, 128)]:
+        for _ in range(200):
+            left, top, cw, ch = crop_box(w, h)
+            assert 0 <= left and left + cw <= w and 0 <= top and top + ch <= h and cw > 0 < ch
+    # an image too thin for any 3/4-4/3 crop: the centre crop, clamped to the ratio
+    assert crop_box(400, 10) == ((400 - 13) // 2, 0, 13, 10)
+
+
+def test_the_batched_draw_has_the_per_sample_draws_distribution():
+    g = torch.Generator().manual_seed(1)
+    sizes = torch.tensor([[240, 160]] * 4000)
+    boxes = draw_crops(sizes, g)
+    assert (boxes[:, 0] >= 0).all() and (boxes[:, 0] + boxes[:, 2] <= 240).all()
+    assert (boxes[:, 1] >= 0).all() and (boxes[:, 1] + boxes[:, 3] <= 160).all()
+    torch.manual_seed(1)
+    single = torch.tensor([crop_box(240, 160) for _ in range(4000)], dtype=torch.float64)
+    for got in (boxes, single):
+        area = got[:, 2] * got[:, 3] / (240 * 160)
+        aspect = torch.log(got[:, 2] / got[:, 3])
+        got_stats = (float(area.mean()), float(aspect.mean()), float((got[:, 0] + got[:, 2] / 2).mean()))
+        if got is boxes:
+            want = got_stats
+        else:  # the two draws agree in mean area, aspect and centre within sampling noise
+            assert abs(got_stats[0] - want[0]) < 0.02 and abs(got_stats[1] - want[1]) < 0.02
+            assert abs(got_stats[2] - want[2]) < 3
+
+
+def test_a_batch_crop_of_the_stored_image_is_the_same_crop_of_the_original(gradients):
+    images, labels, sizes = decode_all(gradients, 80)
+    assert images.dtype == torch.uint8 and images.shape == (3, 3, 80, 80)
+    assert sizes.tolist() == [[240, 160], [160, 224], [200, 200]]
+    boxes = draw_crops(sizes, torch.Generator().manual_seed(5))
+    out = crop_batch(images, sizes, 32, generator=torch.Generator().manual_seed(5), flip=False)
+    assert out.shape == (3, 3, 32, 32) and out.dtype == torch.float32
+    for i, path in enumerate(gradients.paths):
+        left, top, w, h = boxes[i].tolist()
+        with Image.open(path) as img:
+            want = img.convert("RGB").resize((32, 32), Image.BILINEAR, box=(left, top, left + w, top + h))
+        want = normalize(torch.from_numpy(np.asarray(want).copy()).permute(2, 0, 1))
+        # the same geometry: R and G (the gradients) agree to a few levels of 255
+        err = (out[i, :2] - want[:2]).abs().mul(torch.tensor(STD[:2]).view(2, 1, 1)).mean()
+        assert err < 4 / 255, (i, float(err))
+
+
+def test_a_flip_mirrors_the_crop(gradients):
+    images, _, sizes = decode_all(gradients, 80)
+    flips = crop_batch(images.repeat(20, 1, 1, 1), sizes.repeat(20, 1), 16,
+                       generator=torch.Generator().manual_seed(2))
+    # R rises left to right unless mirrored: about half of the crops are
+    rising = (flips[:, 0, :, -1].mean(1) > flips[:, 0, :, 0].mean(1)).float().mean()
+    assert 0.3 < rising < 0.7
+
+
+def test_per_sample_decode_is_the_tutorials_transform_and_draft_decodes_the_same_crop(gradients):
+    full, draft = FolderDataset(gradients, 32), FolderDataset(gradients, 32, draft=True)
+    for i in range(len(gradients)):
+        torch.manual_seed(i)
+        x, y = full[i]
+        torch.manual_seed(i)
+        xd, _ = draft[i]
+        assert x.shape == (3, 32, 32) and y == 0
+        # ToTensor + Normalize: the constant blue channel (128) normalized
+        assert x[2].mean() == pytest.approx((128 / 255 - MEAN[2]) / STD[2], abs=0.05)
+        # the reduced-size decode of the same crop: the same picture within a few levels
+        assert (x - xd).abs().mul(torch.tensor(STD).view(3, 1, 1)).mean() < 6 / 255
+    whole = FolderDataset(gradients, 32, train=False)[0][0]  # evaluation: the whole image
+    assert whole[0, :, 0].mean() < whole[0, :, -1].mean() and whole[1, 0].mean() < whole[1, -1].mean()
+
+
+def test_bad_size_and_a_file_broken_after_the_scan_are_named(gradients):
+    with pytest.raises(ConfigError, match="size=4"):
+        FolderDataset(gradients, 4)
+    gradients.paths[1].write_bytes(b"\xff\xd8\xff" + b"\x00" * 50 + b"\xff\xd9")
+    with pytest.raises(DataError, match=r"1\.jpg: cannot be decoded"):
+        FolderDataset(gradients, 32)[1]
+    assert math.isfinite(float(FolderDataset(gradients, 32)[0][0].sum()))
+
+
+def test_keyed_crops_are_the_same_per_sample_and_batched_and_depend_on_seed_epoch_index():
+    from looptune.data.jpeg import RATIO, TRIES, _box, _uniforms_one
+
+    sizes = torch.randint(100, 300, (500, 2), generator=torch.Generator().manual_seed(0))
+    boxes, flips = keyed_crops(7, 3, np.arange(500), sizes, (0.35, 1.0))
+    for i in range(500):  # the per-sample path (what a DataLoader worker runs)
+        u = _uniforms_one(7, 3, i, 2 * TRIES + 3)
+        assert _box(int(sizes[i, 0]), int(sizes[i, 1]), u, (0.35, 1.0), RATIO) == tuple(
+            int(v) for v in boxes[i].tolist())
+        assert (u[-1] < 0.5) == bool(flips[i])
+    again, _ = keyed_crops(7, 3, np.arange(250, 500), sizes[250:], (0.35, 1.0))
+    assert torch.equal(again, boxes[250:])  # a sample's crop does not depend on its batch
+    other_epoch, _ = keyed_crops(7, 4, np.arange(500), sizes, (0.35, 1.0))
+    other_seed, _ = keyed_crops(8, 3, np.arange(500), sizes, (0.35, 1.0))
+    assert (other_epoch != boxes).any(1).float().mean() > 0.9
+    assert (other_seed != boxes).any(1).float().mean() > 0.9
+    assert 0.4 < flips.float().mean() < 0.6
+    area = boxes[:, 2] * boxes[:, 3] / (sizes[:, 0] * sizes[:, 1])
+    assert area.min() >= 0.3 and area.max() <= 1.0  # 35-100%, within the rounding to pixels
+
+
+def test_every_path_draws_the_same_picture_of_a_sample_in_an_epoch(gradients):
+    sampler = EpochSampler(len(gradients), seed=4)
+    sampler.set_epoch(2)
+    keys = list(sampler)
+    assert sorted(k[0] for k in keys) == [0, 1, 2] and {k[1] for k in keys} == {2}
+    assert [k[0] for k in keys] == sampler.order().tolist()
+    data = FolderDataset(gradients, 32, seed=4)
+    loader = torch.utils.data.DataLoader(data, batch_size=3, sampler=sampler, num_workers=1)
+    (x, y), = list(loader)  # made in a worker process
+    alone = torch.stack([data[k][0] for k in keys])  # in this process
+    assert torch.equal(x, alone)
+    images, _, sizes = decode_all(gradients, 96)
+    order = sampler.order()
+    boxes, flips = keyed_crops(4, 2, order.numpy(), sizes[order])
+    batched = crop_batch(images[order], sizes[order], 32, boxes=boxes, flips=flips)
+    err = (batched - x).abs().mul(torch.tensor(STD).view(3, 1, 1)).mean()
+    assert err < 4 / 255, float(err)  # the same crops, from 96-pixel pixels
+    sampler.set_epoch(3)
+    assert not torch.equal(torch.stack([data[k][0] for k in sampler]), alone)
