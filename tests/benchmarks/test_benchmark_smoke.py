@@ -164,3 +164,18 @@ def test_threads_smoke(mnist_dir):
     proc = _smoke("threads.py", "--data", str(mnist_dir), "--busy", "0")
     assert "busy=0 round 1: fixed" in proc.stdout and "timed in windows" in proc.stdout
     assert "busy=0: median fixed" in proc.stdout
+
+
+@pytest.mark.integration
+def test_images_smoke(mnist_dir, tmp_path):
+    # a folder of JPEGs (issue 33): every recipe trains on the same files, warm and cold
+    out = tmp_path / "images.json"
+    proc = _smoke("images.py", "--data", str(mnist_dir), "--folder", str(tmp_path), "--json", str(out))
+    assert "the pipeline is the bottleneck" in proc.stdout
+    for mode in ("warm", "cold"):
+        for recipe in ("baseline", "workers", "draft+workers", "packed"):
+            assert f"{mode:5s} {recipe:14s}" in proc.stdout, (mode, recipe)
+    med = json.loads(out.read_text())["median"]
+    # the same crops in the same order: the per-sample recipes train alike (each epoch's mean loss)
+    assert abs(med["warm"]["workers"]["loss"] - med["warm"]["baseline"]["loss"]) < 0.15
+    assert "reading the files: warm" in proc.stdout
