@@ -44,7 +44,19 @@ def fixtures(data: str | None, out_dir: str) -> list[tuple[str, list[str]]]:
             ("lbfgs_sequence.py", ["--steps", "60", "--length", "120"]),  # closures, no loader
             ("time_major_lm.py", ["--tokens", "200000"]),  # [bptt, batch], hand SGD
             ("vae_mnist.py", mnist),  # per-sample decoded MNIST, a small MLP step
-            ("rnn_mnist.py", mnist)]  # the same data, a batch-first LSTM over 28 rows
+            ("rnn_mnist.py", mnist),  # the same data, a batch-first LSTM over 28 rows
+            # issue 33: a folder of JPEGs, decoded and augmented per sample (written here)
+            *([("jpeg_folder.py", [jpeg_folder(data, out_dir)])] if data else [])]
+
+
+def jpeg_folder(data: str, out_dir: str, samples: int = 3200) -> str:
+    """A folder of JPEGs from the MNIST digits in ``data`` (looptune data images)."""
+    from looptune.data import image_folder
+
+    root = Path(out_dir) / "jpegs"
+    if not root.exists():
+        image_folder.write(root, samples=samples, mnist_dir=data)
+    return str(root)
 
 
 _NEEDS = {"lightning_mnist.py": "lightning", "accelerate_loop.py": "accelerate",

@@ -82,6 +82,10 @@ def scripts(data: str | None, out_dir: str) -> list[tuple[str, list[str], int, s
              ("loops/lbfgs_sequence.py", ["--steps", "40", "--length", "120"], 20),
              ("loops/time_major_lm.py", ["--tokens", "200000"], 30),
              ("loops/vae_mnist.py", mnist, 30), ("loops/rnn_mnist.py", mnist, 30)]
+    if data is not None:  # issue 33: a folder of JPEGs decoded and augmented per sample
+        from diagnose_fidelity import jpeg_folder
+
+        loops.append(("loops/jpeg_folder.py", [jpeg_folder(data, out_dir)], 30))
     if data is None:  # the loops that read MNIST
         loops = [t for t in loops if t[1] is not mnist]
     return planted + [(*t, None) for t in loops]

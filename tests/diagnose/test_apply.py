@@ -208,3 +208,14 @@ def test_accelerates_bf16_switch_works_after_the_scripts_own_accelerator():
     with framework_precision("accelerate", hits=hits):
         assert Accelerator(cpu=True).mixed_precision == "bf16" and hits == [1]
     assert Accelerator(cpu=True).mixed_precision == "no"  # the next run: the script's own again
+
+
+def test_batched_augmentation_is_not_rerun_and_the_reason_says_why():
+    # issue 33: "reading its 12000 samples once would take ~6 s (more than 20 s for a rerun)"
+    from looptune.diagnose.verify import _why_not
+
+    aug = Remedy(action="augment whole batches on the device: ...", expected_speedup=3.5,
+                 reason="r", kind="tensorized")
+    assert _how(aug, 64, decode_s=6.0) is None
+    why = _why_not(aug, 64, 6.0, 12000)
+    assert "random" in why and "change to the script's code" in why and "20 s" not in why

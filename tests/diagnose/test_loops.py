@@ -109,3 +109,27 @@ def test_a_time_major_lstm_lm_is_scaled_along_its_batch():
                                ["--batch_size", "80"], 4)
     promised, reason = _promise_vs_measured(d, measured)
     assert promised is None or 0.7 * measured <= promised <= 1.5 * measured, (promised, measured, reason)
+
+
+@pytest.fixture(scope="module")
+def jpeg_folder(mnist_dir, tmp_path_factory):
+    from looptune.data import image_folder
+
+    root = tmp_path_factory.mktemp("jpegs") / "train"
+    image_folder.write(root, samples=640, mnist_dir=mnist_dir)
+    return root
+
+
+@pytest.mark.integration
+def test_a_folder_of_jpegs_is_data_loading_caused_by_the_decode(jpeg_folder):
+    # issue 33: ImageFolder + PIL decode + RandomResizedCrop + flip + ToTensor + Normalize per
+    # sample beside a small conv net: the decode starves the step
+    d = _diagnose("jpeg_folder.py", str(jpeg_folder), steps=8)
+    assert d.bottleneck == "data_loading" and d.data_cause.startswith("decode"), (d.shares, d.data_cause)
+    (ld,) = d.loaders
+    assert ld.dataset == "ImageFolder" and ld.random_per_sample is True
+    # the random crop cannot be decoded once: the top remedy augments whole batches instead
+    assert d.remedies[0].action.startswith("augment whole batches")
+    loading, stepping = loader_vs_step_ms(LOOPS / "jpeg_folder.py", [str(jpeg_folder)], batches=5)
+    alone = loading / (loading + stepping)
+    assert abs(d.shares["data_wait"] - alone) < 0.10, (d.shares["data_wait"], loading, stepping)

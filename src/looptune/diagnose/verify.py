@@ -117,6 +117,9 @@ def _why_not(remedy: Remedy, batch: int | None, decode_s: float | None,
                     "change it in the script")
         return f"its action is not a change of the DataLoader's batch_size {batch}"
     if remedy.kind == "tensorized":
+        if not remedy.action.startswith("pre-decode"):  # batched augmentation
+            return ("its per-sample transform is random (pre-decoding would freeze one draw of "
+                    "it): augmenting whole batches is a change to the script's code")
         if decode_s is None:
             return "the dataset has no length (a stream) or no DataLoader: nothing to gather by index"
         return (f"reading its {samples} samples once would take ~{decode_s:.0f} s (more than "
