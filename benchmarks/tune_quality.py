@@ -5,7 +5,7 @@ Python), each with a training step (a small MLP). For each: `tune_loader` (timed
 point measured the same way (timed); the tuned settings' throughput is read from the grid.
 Goal: the tuned loader reaches >= 90% of the grid's best samples/s in <= 30% of the grid's time.
 
-    python benchmarks/tune_quality.py
+    python benchmarks/tune_quality.py [--data MNIST]   # --data: also a folder of JPEGs
     python benchmarks/tune_quality.py --smoke      # CI: fewer batches, quality >= 50%
 """
 
@@ -48,10 +48,15 @@ def cheap() -> Dataset:
 
 
 def grid(cores: int) -> list[dict]:
+    """Workers x prefetch x persistence, and with workers the step's threads as they are and on
+    the cores the workers leave (the tuner measures both since issue 33)."""
     workers = sorted({0, 1, 2, min(4, max(cores, 1))})
     points = [{"num_workers": 0}]
     for w, pf, pers in itertools.product([w for w in workers if w], (2, 4), (False, True)):
         points.append({"num_workers": w, "prefetch_factor": pf, "persistent_workers": pers})
+        if 1 <= cores - w < torch.get_num_threads():
+            points.append({"num_workers": w, "intra_op_threads": cores - w, "prefetch_factor": pf,
+                           "persistent_workers": pers})
     return points
 
 
@@ -62,11 +67,14 @@ _MEASURED = {"samples_per_s", "status", "reason", "loss", "loss_parity"}
 def _same_point(result: dict, settings: dict) -> bool:
     """The grid point measured at exactly these settings (so the tuned loader is read from the
     grid, measured beside the others, never timed again on its own)."""
-    return {k: v for k, v in result.items() if k not in _MEASURED} == settings
+    return {k: v for k, v in result.items() if k not in _MEASURED} == {
+        k: v for k, v in settings.items() if settings.get("num_workers") or k == "num_workers"}
 
 
 def evaluate(name: str, dataset: Dataset, model: torch.nn.Module, batches: int,
-             repeats: int) -> tuple[bool, float]:
+             repeats: int, cost_goal: bool = True) -> tuple[bool, float]:
+    """``cost_goal``: also judge the tuner's time against the grid's (issue 6); the folder of
+    JPEGs (issue 33) is judged by quality alone (its worker trials restart workers each time)."""
     warm = _Search(dataset=dataset, batch_size=64, device=torch.device("cpu"), model=model, loss_fn=torch.nn.functional.cross_entropy,
                    batches=batches, warmup=3, repeats=1, threshold=0.03, deadline=float("inf"))
     warm.measure(num_workers=0)  # untimed: first-call costs must not land on whichever runs first
@@ -83,25 +91,44 @@ def evaluate(name: str, dataset: Dataset, model: torch.nn.Module, batches: int,
     ok_results = [r for r in results if r["status"] == "ok"]
     best = max(ok_results, key=lambda r: r["samples_per_s"])
     rec = {k: v for k, v in tuned.recommended.items() if k not in ("pin_memory", "batched")}
+    if tuned.threads:
+        rec["intra_op_threads"] = tuned.threads
     match = next((r for r in ok_results if _same_point(r, rec)), None)
     got = match["samples_per_s"] if match else search.measure(**rec)["samples_per_s"]
     quality, cost = got / best["samples_per_s"], tune_s / grid_s
-    ok = quality >= 0.9 and cost <= 0.3
-    print(f"{name}: tuned {rec} -> {got:,.0f} samples/s; grid best {dict((k, v) for k, v in best.items() if k not in ('samples_per_s', 'status', 'reason'))} "
+    ok = quality >= 0.9 and (cost <= 0.3 or not cost_goal)
+    shown = {k: v for k, v in best.items() if k not in _MEASURED}
+    print(f"{name}: tuned {rec} -> {got:,.0f} samples/s; grid best {shown} "
           f"-> {best['samples_per_s']:,.0f}; quality {quality:.1%} (goal >= 90%), time {tune_s:.1f} s vs "
-          f"grid {grid_s:.1f} s = {cost:.1%} (goal <= 30%): {'PASS' if ok else 'FAIL'}")
+          f"grid {grid_s:.1f} s = {cost:.1%} ({'goal <= 30%' if cost_goal else 'not judged'}): "
+          f"{'PASS' if ok else 'FAIL'}")
     return ok, quality
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--smoke", action="store_true", help="CI mode: fewer batches, quality >= 50%")
+    p.add_argument("--data", default=None,
+                   help="MNIST folder: also a folder of JPEGs drawn from its digits (issue 33), "
+                        "decoded and augmented per sample beside a small conv net")
     args = p.parse_args(argv)
     batches, repeats = (15, 1) if args.smoke else (30, 3)
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.ReLU(), torch.nn.Linear(256, 10))
     got = [evaluate("cheap in-memory", cheap(), model, batches, repeats),
            evaluate("per-sample decoding", Decoding(), model, batches, repeats)]
+    if args.data:
+        import tempfile
+
+        from looptune.data import image_folder
+        from looptune.data.jpeg import FolderDataset
+        from looptune.models import ImageCNN
+
+        with tempfile.TemporaryDirectory() as tmp:
+            image_folder.write(f"{tmp}/jpegs", samples=3000, mnist_dir=args.data)
+            jpegs = FolderDataset(image_folder.scan(f"{tmp}/jpegs"), 32, scale=(0.35, 1.0))
+            got.append(evaluate("a folder of JPEGs", jpegs, ImageCNN(size=32), batches, repeats,
+                                cost_goal=False))
     ok = all(g for g, _ in got)
     smoke_ok = args.smoke and smoke_check(
         f"quality {', '.join(f'{q:.0%}' for _, q in got)}; each >= {SMOKE_QUALITY:.0%} of the grid's "

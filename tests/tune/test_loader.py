@@ -355,3 +355,35 @@ def test_per_sample_reads_replace_batched_ones_only_when_they_gain_the_threshold
     assert d.value is (not kept)
     assert ("batched" in res.recommended) is kept  # only the change is recommended
     assert res.line.endswith("  # wrap the dataset to drop __getitems__") is kept
+
+
+@pytest.mark.parametrize("balanced, chosen", [(1200, 1), (850, 0)])
+def test_with_a_cpu_step_the_workers_are_also_measured_beside_fewer_step_threads(
+        monkeypatch, balanced, chosen):
+    # issue 33 (a JPEG folder on 2 cores): one worker beside a 2-thread step measured -8%, the
+    # same worker beside a 1-thread step +10-36%: both are measured, the faster kept
+    monkeypatch.setattr(tl.os, "cpu_count", lambda: 2)
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 2)
+    seen = _plant(monkeypatch, {0: 1000, 1: 900, 2: 800})
+    original = tl._Search._rate
+
+    def rate(self, settings):
+        if settings.get("intra_op_threads") == 1:
+            seen.append(dict(settings))
+            return balanced, []
+        return original(self, settings)
+
+    monkeypatch.setattr(tl._Search, "_rate", rate)
+    res = _tune(model=torch.nn.Linear(4, 3), max_workers=2)
+    assert {"num_workers": 1, "intra_op_threads": 1} in [
+        {k: t[k] for k in ("num_workers", "intra_op_threads") if k in t} for t in res.trials]
+    assert res.recommended["num_workers"] == chosen and "intra_op_threads" not in res.recommended
+    if chosen:
+        assert res.threads == 1 and res.line.endswith("# and torch.set_num_threads(1) in the training process")
+        (d,) = [d for d in res.decisions if d.name == "intra_op_threads"]
+        assert d.value == 1 and "1,200 samples/s with 1 worker(s) vs 900 with its 2 threads" in d.reason
+        later = [s for s in seen if s.get("prefetch_factor") == 4]  # the later choices keep it
+        assert later and all(s.get("intra_op_threads") == 1 for s in later)
+    else:
+        assert res.threads is None and "set_num_threads" not in res.line
+        assert not [d for d in res.decisions if d.name == "intra_op_threads"]

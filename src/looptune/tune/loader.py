@@ -33,12 +33,16 @@ class LoaderTuneResult:
     elapsed_s: float  # time the search took
     end_to_end: bool  # throughput measured with a training step (model given)
     batch_size: int | None = None  # samples per batch in every trial
+    # the training process's intra-op threads beside the workers (torch.set_num_threads), when
+    # fewer than its own measured faster; None: leave them
+    threads: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
         from dataclasses import asdict
 
         return {"kind": "tune-loader", "batch_size": self.batch_size,
-                "recommended": self.recommended, "line": self.line, "elapsed_s": self.elapsed_s,
+                "recommended": self.recommended, "threads": self.threads, "line": self.line,
+                "elapsed_s": self.elapsed_s,
                 "end_to_end": self.end_to_end, "trials": self.trials,
                 "decisions": [asdict(d) for d in self.decisions]}
 
@@ -94,6 +98,17 @@ class _Search:
         return time.perf_counter() >= self.deadline
 
     def _rate(self, settings: dict[str, Any]) -> tuple[float, list[float]]:
+        threads = settings.get("intra_op_threads")
+        if threads is None:
+            return self._timed(settings)
+        before = torch.get_num_threads()
+        torch.set_num_threads(threads)  # the step's threads beside the workers, for this trial
+        try:
+            return self._timed(settings)
+        finally:
+            torch.set_num_threads(before)
+
+    def _timed(self, settings: dict[str, Any]) -> tuple[float, list[float]]:
         loader = _loader(self.dataset, self.batch_size, settings)
         step = _trainer(self.model, self.loss_fn, self.device) if self.model is not None else None
         batches = iter(loader)
@@ -137,7 +152,7 @@ def _short_error(err: Exception) -> str:
 
 
 def _loader(dataset: Dataset, batch_size: int, settings: dict[str, Any]) -> DataLoader:
-    kwargs = {k: v for k, v in settings.items() if k != "batched"}
+    kwargs = {k: v for k, v in settings.items() if k not in ("batched", "intra_op_threads")}
     if kwargs.get("num_workers", 0) > 0:
         kwargs.setdefault("timeout", WORKER_TIMEOUT_S)
     data = dataset if settings.get("batched", True) else _PerSample(dataset)
@@ -219,9 +234,13 @@ def tune_loader(dataset: Dataset, *, batch_size: int = 64, model: torch.nn.Modul
         if decision is not None:
             decisions.append(decision)
             settings[decision.name] = decision.value
-    recommended = {k: v for k, v in settings.items() if k != "batched" or v is False}
+    recommended = {k: v for k, v in settings.items()
+                   if k not in ("batched", "intra_op_threads") or (k == "batched" and v is False)}
+    threads = settings.get("intra_op_threads")
+    line = dataloader_line(batch_size, recommended) + (
+        f"  # and torch.set_num_threads({threads}) in the training process" if threads else "")
     return LoaderTuneResult(recommended=recommended, decisions=decisions, trials=search.trials,
-                            line=dataloader_line(batch_size, recommended),
+                            line=line, threads=threads,
                             elapsed_s=time.perf_counter() - t0, end_to_end=model is not None,
                             batch_size=batch_size)
 
@@ -272,15 +291,51 @@ def _search_workers(search: _Search, bound: int, cores: int) -> tuple[list[Decis
     tried, k = [best], 1
     while k <= bound and not search.over_budget():
         trial = search.measure(num_workers=k)
-        tried.append(trial)
+        fewer = _balanced_threads(search, k, cores)
+        if fewer is not None and trial["status"] == "ok" and not search.over_budget():
+            # the step's intra-op threads and k busy workers share the cores: also measured with
+            # the step on the cores the workers leave (no oversubscription); the faster is kept
+            alt = search.measure(num_workers=k, intra_op_threads=fewer)
+            tried += [trial, alt]
+            if alt["status"] == "ok" and _gain(alt, trial) > 0:
+                trial = alt
+        else:
+            tried.append(trial)
         gain = _gain(trial, best)
         if trial["status"] != "ok" or gain < search.threshold:
             break  # adaptive: more workers stopped paying (or failed: a crash, other data)
         best, k = trial, k * 2 if k >= 2 else k + 1
     evidence = [{"num_workers": t["num_workers"], "samples_per_s": t["samples_per_s"],
-                 "status": t["status"]} for t in tried]
-    return [Decision("num_workers", best["num_workers"], reason=_workers_reason(best, tried, search, cores),
-                     evidence=evidence)], {"num_workers": best["num_workers"]}
+                 "status": t["status"],
+                 **({"intra_op_threads": t["intra_op_threads"]} if "intra_op_threads" in t else {})}
+                for t in tried]
+    decisions = [Decision("num_workers", best["num_workers"],
+                          reason=_workers_reason(best, tried, search, cores), evidence=evidence)]
+    settings = {"num_workers": best["num_workers"]}
+    if "intra_op_threads" in best:
+        other = next(t for t in tried if t["num_workers"] == best["num_workers"]
+                     and "intra_op_threads" not in t)
+        decisions.append(Decision(
+            "intra_op_threads", best["intra_op_threads"], reason=(
+                f"torch.set_num_threads({best['intra_op_threads']}) in the training process: "
+                f"{best['samples_per_s']:,.0f} samples/s with {best['num_workers']} worker(s) vs "
+                f"{other['samples_per_s']:,.0f} with its {torch.get_num_threads()} threads "
+                f"({cores} CPU cores: the step and the workers no longer take turns)"),
+            evidence=[{"intra_op_threads": best["intra_op_threads"],
+                       "samples_per_s": best["samples_per_s"]},
+                      {"intra_op_threads": torch.get_num_threads(),
+                       "samples_per_s": other["samples_per_s"]}]))
+        settings["intra_op_threads"] = best["intra_op_threads"]
+    return decisions, settings
+
+
+def _balanced_threads(search: _Search, workers: int, cores: int) -> int | None:
+    """The step's thread count that leaves a core to each of ``workers`` workers, when a CPU
+    training step is measured and it is fewer than the threads it has now; else None."""
+    if search.model is None or search.device.type != "cpu":
+        return None
+    fewer = cores - workers
+    return fewer if 1 <= fewer < torch.get_num_threads() else None
 
 
 def _workers_reason(best: dict, tried: list[dict], search: _Search, cores: int) -> str:
