@@ -31,7 +31,7 @@ BENCHMARKS: list[tuple[str, list[str]]] = [
     ("seed_ladder", ["--data", "{data}", "--device", "cpu"]),
     ("floor", ["--data", "{data}", "--device", "cpu"]),
     ("switches", ["--data", "{data}", "--device", "cpu"]),
-    ("tune_quality", []),
+    ("tune_quality", ["--data", "{data}"]),
     ("pack_gain", []),
     ("data_anatomy", []),
     ("scaling", ["--data", "{data}", "--device", "cpu"]),
@@ -42,6 +42,7 @@ BENCHMARKS: list[tuple[str, list[str]]] = [
     ("verdict_check", ["--data", "{data}"]),
     ("engine_goals", ["--data", "{data}", "--device", "cpu"]),
     ("tta_search", ["--data", "{data}"]),
+    ("images", ["--data", "{data}"]),
 ]
 GOAL_WORDS = ("goal", "PASS", "FAIL", "INCONCLUSIVE", "NOT met", "fastest:")
 
