@@ -165,3 +165,27 @@ def test_every_path_draws_the_same_picture_of_a_sample_in_an_epoch(gradients):
     assert err < 4 / 255, float(err)  # the same crops, from 96-pixel pixels
     sampler.set_epoch(3)
     assert not torch.equal(torch.stack([data[k][0] for k in sampler]), alone)
+
+
+def test_simplejpeg_decodes_the_same_picture_as_pil(gradients):
+    pytest.importorskip("simplejpeg")  # the jpeg extra (CI installs it)
+    for draft in (False, True):
+        pil = FolderDataset(gradients, 32, seed=3, draft=draft)
+        turbo = FolderDataset(gradients, 32, seed=3, draft=draft, decoder="simplejpeg")
+        for i in range(len(gradients)):
+            a, ya = pil[(i, 1)]
+            b, yb = turbo[(i, 1)]
+            assert ya == yb and a.shape == b.shape
+            assert (a - b).abs().mul(torch.tensor(STD).view(3, 1, 1)).mean() < 4 / 255, (draft, i)
+
+
+def test_a_decoder_that_is_not_there_is_named_with_its_install(gradients, monkeypatch):
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name == "simplejpeg" else real(name, *a))
+    with pytest.raises(ConfigError, match=r"pip install 'looptune\[jpeg\]'"):
+        FolderDataset(gradients, 32, decoder="simplejpeg")
+    with pytest.raises(ConfigError, match="decoder='turbo'"):
+        FolderDataset(gradients, 32, decoder="turbo")

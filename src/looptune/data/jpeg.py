@@ -34,13 +34,24 @@ from torch.utils.data import Dataset
 from looptune.data.image_folder import Samples
 from looptune.errors import ConfigError, DataError
 
-__all__ = ["MEAN", "STD", "EpochSampler", "FolderDataset", "crop_batch", "crop_box",
-           "decode_all", "draw_crops", "keyed_crops", "normalize"]
+__all__ = ["DECODERS", "MEAN", "STD", "EpochSampler", "FolderDataset", "crop_batch", "crop_box",
+           "decode_all", "draw_crops", "keyed_crops", "normalize", "simplejpeg_missing"]
 
 # the per-channel mean and std of ImageNet's pixels in [0, 1], as the tutorials' Normalize uses
 MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
 SCALE, RATIO = (0.08, 1.0), (3 / 4, 4 / 3)  # torchvision RandomResizedCrop's defaults
 TRIES = 10  # torchvision draws this many crops before it falls back to a centre crop
+DECODERS = ("pil", "simplejpeg")
+
+
+def simplejpeg_missing() -> str | None:
+    """Why the simplejpeg decoder cannot be used here, or None."""
+    import importlib.util
+
+    if importlib.util.find_spec("simplejpeg") is None:
+        return ("decoder='simplejpeg' needs the simplejpeg package (libjpeg-turbo): pip install "
+                "'looptune[jpeg]', or use decoder='pil'")
+    return None
 
 
 def crop_box(width: int, height: int, rng: torch.Generator | None = None,
@@ -90,6 +101,8 @@ class FolderDataset(Dataset):
         train: random resized crop + flip; False: the whole image resized (evaluation).
         draft: decode at a reduced size where the crop allows (JPEG only; PNGs decode whole).
         scale: the crop's share of the image's area, drawn uniformly in this range.
+        decoder: ``"pil"`` (Pillow), or ``"simplejpeg"`` (libjpeg-turbo without Pillow's
+            decoder objects; ``pip install 'looptune[jpeg]'``; PNG files still go through PIL).
         seed: draw each sample's crop and flip from ``(seed, epoch, index)``
             (:func:`keyed_crops`), its index then ``(index, epoch)`` (:class:`EpochSampler`);
             None: from torch's RNG, as torchvision does.
@@ -97,13 +110,17 @@ class FolderDataset(Dataset):
 
     def __init__(self, samples: Samples, size: int = 64, *, train: bool = True,
                  draft: bool = False, scale: tuple[float, float] = SCALE,
-                 seed: int | None = None) -> None:
+                 seed: int | None = None, decoder: str = "pil") -> None:
         if not isinstance(size, int) or isinstance(size, bool) or not 8 <= size <= 1024:
             raise ConfigError(f"size={size!r}: must be an integer from 8 to 1024 (pixels a side)")
         if not 0 < scale[0] <= scale[1] <= 1:
             raise ConfigError(f"scale={scale!r}: need 0 < low <= high <= 1 (shares of the area)")
         self.samples, self.size, self.train, self.draft = samples, size, train, draft
-        self.scale, self.seed = tuple(scale), seed
+        if decoder not in DECODERS:
+            raise ConfigError(f"decoder={decoder!r}: must be one of {DECODERS}")
+        if decoder == "simplejpeg" and (why := simplejpeg_missing()) is not None:
+            raise ConfigError(why)
+        self.scale, self.seed, self.decoder = tuple(scale), seed, decoder
         self._mean = torch.tensor(MEAN).view(3, 1, 1)
         self._std = torch.tensor(STD).view(3, 1, 1)
 
@@ -112,31 +129,56 @@ class FolderDataset(Dataset):
 
     def __getitem__(self, key: int | tuple[int, int]) -> tuple[torch.Tensor, int]:
         i, epoch = key if isinstance(key, tuple) else (key, 0)
-        path, s = self.samples.paths[i], self.size
-        mirror = None
+        path = self.samples.paths[i]
         try:
-            with Image.open(path) as img:
-                width, height = img.size
-                if self.train and self.seed is not None:  # keyed_crops' draw, one sample
-                    u = _uniforms_one(self.seed, epoch, i, 2 * TRIES + 3)
-                    left, top, w, h = _box(width, height, u, self.scale, RATIO)
-                    mirror = u[-1] < 0.5
-                elif self.train:
-                    left, top, w, h = crop_box(width, height, scale=self.scale)
-                else:
-                    left, top, w, h = 0, 0, width, height
-                if self.draft and img.format == "JPEG":
-                    img.draft("RGB", (math.ceil(width * s / w), math.ceil(height * s / h)))
-                fx, fy = img.size[0] / width, img.size[1] / height  # the draft's scale
-                out = img.convert("RGB").resize(
-                    (s, s), Image.BILINEAR, box=(left * fx, top * fy, (left + w) * fx, (top + h) * fy))
+            if self.decoder == "simplejpeg" and path.suffix.lower() in (".jpg", ".jpeg"):
+                out, mirror = self._simplejpeg(path, i, epoch)
+            else:
+                with Image.open(path) as img:
+                    out, mirror = self._pil(img, i, epoch)
         except (OSError, ValueError) as err:  # a file that changed or broke after the scan
             raise DataError(f"{path}: cannot be decoded ({err}). Remove or replace it, and "
                             "scan the folder again (skip_bad=True skips such files).") from None
-        if self.train and (mirror if mirror is not None else torch.rand(1).item() < 0.5):
+        if mirror:
             out = out.transpose(Image.FLIP_LEFT_RIGHT)
         x = torch.from_numpy(np.asarray(out).copy()).permute(2, 0, 1).float().div_(255)
         return (x - self._mean) / self._std, self.samples.labels[i]
+
+    def _crop(self, width: int, height: int, i: int, epoch: int
+              ) -> tuple[tuple[int, int, int, int], bool]:
+        """The sample's crop box and mirror flag (whole image, no flip when not training)."""
+        if not self.train:
+            return (0, 0, width, height), False
+        if self.seed is not None:  # keyed_crops' draw, one sample
+            u = _uniforms_one(self.seed, epoch, i, 2 * TRIES + 3)
+            return _box(width, height, u, self.scale, RATIO), u[-1] < 0.5
+        box = crop_box(width, height, scale=self.scale)
+        return box, torch.rand(1).item() < 0.5
+
+    def _pil(self, img: Image.Image, i: int, epoch: int) -> tuple[Image.Image, bool]:
+        s, (width, height) = self.size, img.size
+        (left, top, w, h), mirror = self._crop(width, height, i, epoch)
+        if self.draft and img.format == "JPEG":
+            img.draft("RGB", (math.ceil(width * s / w), math.ceil(height * s / h)))
+        fx, fy = img.size[0] / width, img.size[1] / height  # the draft's scale
+        return img.convert("RGB").resize(
+            (s, s), Image.BILINEAR, box=(left * fx, top * fy, (left + w) * fx, (top + h) * fy)), mirror
+
+    def _simplejpeg(self, path, i: int, epoch: int) -> tuple[Image.Image, bool]:
+        """libjpeg-turbo through simplejpeg: the same crop, decoded (with ``draft``, at the DCT
+        scale that keeps the crop at least ``size`` pixels a side), then PIL's resize."""
+        import simplejpeg
+
+        s, data = self.size, path.read_bytes()
+        height, width, _, _ = simplejpeg.decode_jpeg_header(data)
+        (left, top, w, h), mirror = self._crop(width, height, i, epoch)
+        small = {"min_width": math.ceil(width * s / w), "min_height": math.ceil(height * s / h)} \
+            if self.draft else {}
+        pixels = simplejpeg.decode_jpeg(data, colorspace="RGB", **small)
+        fy, fx = pixels.shape[0] / height, pixels.shape[1] / width
+        img = Image.fromarray(pixels, "RGB")
+        return img.resize((s, s), Image.BILINEAR,
+                          box=(left * fx, top * fy, (left + w) * fx, (top + h) * fy)), mirror
 
 
 class EpochSampler(torch.utils.data.Sampler):
