@@ -92,6 +92,11 @@ def test_variable_shapes_need_lmdb(spec, tmp_path, capsys):
     (["--verify", "a", "--bench", "b"], "not both"),
     (["--verify", "a", "--dataset", "m:f"], "drop --dataset"),
     (["--verify", "a", "out"], "is not used with --verify"),
+    (["--images", "d", "out"], "--images needs --size S"),
+    (["--images", "d", "--size", "4", "out"], "--images needs --size S"),
+    (["--images", "d", "--size", "48", "--dataset", "m:f", "out"], "not both"),
+    (["--dataset", "m:f", "--size", "48", "out"], "--size goes with --images"),
+    (["--dataset", "m:f", "--cold", "out"], "--cold goes with --bench"),
 ])
 def test_bad_input_exits_2_with_the_fix(capsys, argv, needle):
     code, _, err = _run(capsys, *argv)
@@ -110,3 +115,28 @@ def test_parse_size():
     assert parse_size("4096") == 4096 and parse_size("2k") == 2048
     with pytest.raises(ValueError):
         parse_size("1.5G")
+
+
+@pytest.mark.integration
+def test_an_image_folder_is_packed_resized_and_benched_warm_and_cold(capsys, tmp_path, mnist_dir):
+    # issue 33: decode once at the stored resolution (FFCV's raw mode), against the folder
+    from looptune.data import image_folder
+    from looptune.data.jpeg import ResizedFolder
+    from looptune.data.pack import open_packed
+
+    image_folder.write(tmp_path / "jpegs", samples=200, mnist_dir=mnist_dir, max_size=160)
+    code, out, _ = _run(capsys, "--images", str(tmp_path / "jpegs"), "--size", "24",
+                        str(tmp_path / "j.pack"))
+    assert code == 0 and "packed 200 samples" in out and "|u1 [3, 24, 24]" in out
+    packed = open_packed(tmp_path / "j.pack", verify=True)
+    folder = ResizedFolder(image_folder.scan(tmp_path / "jpegs"), 24)
+    for i in (0, 57, 199):  # the same pixels and label as the folder decoded per sample
+        x, y = packed[i]
+        assert (x == folder[i][0]).all() and int(y) == folder[i][1]
+    code, out, _ = _run(capsys, "--bench", str(tmp_path / "j.pack"), "--images",
+                        str(tmp_path / "jpegs"), "--size", "24", "--cold", "--batch-size", "16",
+                        "--batches", "3", "--repeats", "1", "--json", str(tmp_path / "b.json"))
+    assert code == 0
+    names = [r["name"] for r in json.loads((tmp_path / "b.json").read_text())["rates"]]
+    assert names == ["original", "packed, per sample", "packed, whole batches", "original (cold)",
+                     "packed, per sample (cold)", "packed, whole batches (cold)"]

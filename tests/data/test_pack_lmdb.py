@@ -133,3 +133,14 @@ def test_missing_lmdb_package_is_a_clear_error_before_any_work(tmp_path, monkeyp
     assert not (tmp_path / "p").exists()
     with pytest.raises(ConfigError, match="storage 'lmdb'.*looptune\\[lmdb\\]"):
         open_packed(out)
+
+
+def test_release_closes_the_environments_and_reads_reopen_them(tmp_path):
+    from looptune.data.pack import open_packed, pack
+
+    ds = [torch.arange(i + 1, dtype=torch.int64) for i in range(20)]
+    packed = open_packed(pack(ds, tmp_path / "l", format="lmdb"))
+    before = packed[7]
+    assert packed._lmdb._envs
+    packed.release()
+    assert packed._lmdb._envs == {} and torch.equal(torch.as_tensor(packed[7]), torch.as_tensor(before))

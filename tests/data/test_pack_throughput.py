@@ -47,3 +47,35 @@ def test_bad_arguments(data):
         bench_pack(out, ds, batch_size=400)
     with pytest.raises(ConfigError, match="not the same data"):
         bench_pack(out, list(range(10)))
+
+
+def test_cold_ways_unmap_and_drop_the_files_before_each_pass(data, monkeypatch):
+    from looptune.data.pack import open_packed
+    from looptune.data.pack import throughput
+
+    ds, out = data
+    with pytest.raises(ConfigError, match=r"files\(\)"):  # no way to drop the original's files
+        bench_pack(out, ds, batch_size=50, batches=2, repeats=1, cold=True)
+    dropped = []
+    monkeypatch.setattr("looptune._io.drop_page_cache", lambda files: dropped.append(list(files)))
+
+    class Files(torch.utils.data.Dataset):
+        def __len__(self):
+            return len(ds)
+
+        def __getitem__(self, i):
+            return ds[i]
+
+        def files(self):
+            return ["a.jpg", "b.jpg"]
+
+    res = bench_pack(out, Files(), batch_size=50, batches=2, repeats=1, cold=True)
+    assert [r.name for r in res.rates][3:] == [
+        "original (cold)", "packed, per sample (cold)", "packed, whole batches (cold)"]
+    assert dropped[0] == ["a.jpg", "b.jpg"] and len(dropped) == 3
+    assert all(p.name in ("header.json",) or p.suffix == ".bin" for p in dropped[1])
+    packed = open_packed(out)
+    first = packed[3]
+    assert packed._maps  # a read maps the shards
+    packed.release()  # unmapped: the kernel may drop their pages now
+    assert packed._maps == {} and torch.equal(packed[3][0], first[0])  # and it reads again

@@ -1,6 +1,7 @@
 """diagnose() on planted-bottleneck scripts, run unchanged, in this process."""
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -442,3 +443,16 @@ def test_the_pin_memory_finding_follows_what_this_torchs_dataloader_did():
     assert d.loaders[0].pin_memory is True and d.loaders[0].pinned is pins
     found = any(f.name == "pin_without_gpu" for f in d.findings)
     assert found is (pins and not torch.cuda.is_available())
+
+
+@pytest.mark.parametrize("applied, needle", [
+    ({"workers": 2}, "applied['workers'] is not a switch"),
+    ({"autocast": "fp8"}, "applied['autocast']='fp8' is invalid"),
+    ({"optimizer": ("NoSuchOpt", {})}, "applied['optimizer']"),
+    ({"lr_scale": ("Adam", 0)}, "applied['lr_scale']"),
+    ({"loader_overrides": [("num_workers", 1)]}, "applied['loader_overrides']"),
+    ("bf16", "a dict of the rerun's switches"),
+])
+def test_applied_switches_are_checked_before_the_script_runs(applied, needle):
+    with pytest.raises(looptune.ConfigError, match=re.escape(needle)):
+        looptune.diagnose(str(SCRIPTS / "raises.py"), steps=5, applied=applied)

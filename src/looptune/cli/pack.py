@@ -42,6 +42,17 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--dataset", metavar="MODULE:FACTORY", default=None,
                    help="a callable returning a map-style Dataset (e.g. "
                         "looptune.bench.workloads:mnist_train)")
+    p.add_argument("--images", metavar="DIR", default=None,
+                   help="instead of --dataset: an image folder (class sub-folders of JPEG/PNG "
+                        "files, as ImageFolder reads), each file decoded once and resized whole "
+                        "to --size x --size uint8 (with --bench: the folder decoded per sample is "
+                        "the original)")
+    p.add_argument("--size", type=int, default=None,
+                   help="--images: pixels a side of the stored images (e.g. 1.5x the training "
+                        "resolution, so random crops keep their detail)")
+    p.add_argument("--cold", action="store_true",
+                   help="--bench: also time every way with its files dropped from the page cache "
+                        "before each pass (reads from storage)")
     p.add_argument("--format", choices=STORAGES, default="memmap",
                    help="memmap: fixed shapes, vectorized batch reads (default); lmdb: variable "
                         "shapes allowed (pip install 'looptune[lmdb]')")
@@ -78,12 +89,24 @@ def _mode(args: argparse.Namespace) -> str:
     if len(modes) > 1:
         problems.append("give --verify OUT or --bench OUT, not both.")
     mode = modes[0] if modes else "pack"
+    if args.images is not None and args.dataset is not None:
+        problems.append("give --dataset MODULE:FACTORY or --images DIR, not both.")
+    if args.images is not None and mode == "verify":
+        problems.append("--verify reads only the packed folder: drop --images.")
+    if args.images is not None and (args.size is None or not 8 <= args.size <= 1024):
+        problems.append(f"--images needs --size S, 8 to 1024 pixels a side (got {args.size}); "
+                        "e.g. --size 48 for training at 32")
+    if args.images is None and args.size is not None:
+        problems.append("--size goes with --images DIR (the stored images' pixels a side).")
+    if args.cold and mode != "bench":
+        problems.append("--cold goes with --bench OUT (it measures reads from storage).")
     if mode == "pack":
         if args.out is None:
             problems.append("give the folder to write: looptune pack --dataset MODULE:FACTORY OUT "
                             "(or --verify OUT / --bench OUT --dataset MODULE:FACTORY).")
-        if args.dataset is None:
-            problems.append("give --dataset MODULE:FACTORY: the dataset to pack.")
+        if args.dataset is None and args.images is None:
+            problems.append("give --dataset MODULE:FACTORY (or --images DIR --size S): the "
+                            "dataset to pack.")
     elif args.out is not None:
         problems.append(f"OUT={args.out!r} is not used with --{mode} (it names its own folder).")
     if mode == "verify" and args.dataset is not None:
@@ -125,7 +148,7 @@ def _pack(args: argparse.Namespace) -> int:
 
     # the cheap checks first (OUT exists, lmdb missing...), before the dataset factory runs
     _check_args([], Path(args.out), args.format, args.shard_bytes, args.workers, args.overwrite)
-    dataset = build_dataset(args.dataset)
+    dataset = _source(args)
     columns = [TextColumn("packing"), BarColumn(), MofNCompleteColumn(), TextColumn("samples"),
                TimeElapsedColumn(), TimeRemainingColumn()]
     with Progress(*columns, console=Console(stderr=True)) as progress:
@@ -140,6 +163,17 @@ def _pack(args: argparse.Namespace) -> int:
                          f"{header['storage']}, {len(header['shards'])} shard(s), "
                          f"{format_bytes(size)}", highlight=False, markup=False)
     return 0
+
+
+def _source(args: argparse.Namespace):
+    """The dataset to pack (or to bench against): --dataset's factory, or --images DIR decoded
+    and resized whole to --size (the folder scanned first: a bad file is named here)."""
+    if args.images is None:
+        return build_dataset(args.dataset)
+    from looptune.data import image_folder
+    from looptune.data.jpeg import ResizedFolder
+
+    return ResizedFolder(image_folder.scan(args.images), args.size)
 
 
 def _verify(folder: Path) -> int:
@@ -160,9 +194,9 @@ def _bench(args: argparse.Namespace) -> int:
     from looptune.data.pack.throughput import bench_pack
 
     packed = open_packed(args.bench)  # fails fast on a missing or damaged folder
-    original = build_dataset(args.dataset) if args.dataset else None
+    original = _source(args) if args.dataset or args.images else None
     result = bench_pack(packed, original, batch_size=args.batch_size, workers=args.workers,
-                        batches=args.batches, repeats=args.repeats)
+                        batches=args.batches, repeats=args.repeats, cold=args.cold)
     console = wide_console()
     table = Table(title=f"{result.packed} ({result.storage}): batch {result.batch_size}, "
                         f"{result.workers} workers, {result.batches} batches x {result.repeats} "

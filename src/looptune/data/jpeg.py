@@ -34,7 +34,7 @@ from torch.utils.data import Dataset
 from looptune.data.image_folder import Samples
 from looptune.errors import ConfigError, DataError
 
-__all__ = ["DECODERS", "MEAN", "STD", "EpochSampler", "FolderDataset", "crop_batch", "crop_box",
+__all__ = ["DECODERS", "MEAN", "STD", "EpochSampler", "FolderDataset", "ResizedFolder", "crop_batch", "crop_box",
            "decode_all", "draw_crops", "keyed_crops", "normalize", "simplejpeg_missing"]
 
 # the per-channel mean and std of ImageNet's pixels in [0, 1], as the tutorials' Normalize uses
@@ -217,6 +217,28 @@ def decode_all(samples: Samples, size: int, *, workers: int = 0
         images[n:n + len(x)], sizes[n:n + len(x)] = x, wh
         n += len(x)
     return images, torch.tensor(samples.labels, dtype=torch.long), sizes
+
+
+class ResizedFolder(Dataset):
+    """Each file of an image folder decoded (JPEG draft mode where it allows) and resized whole to
+    ``size`` x ``size``: ``(uint8 tensor (3, size, size), label)``. What ``looptune pack --images
+    DIR --size S`` packs (decode once at training resolution: FFCV's "raw" mode), and what
+    ``--bench`` times it against."""
+
+    def __init__(self, samples: Samples, size: int) -> None:
+        if not isinstance(size, int) or isinstance(size, bool) or not 8 <= size <= 1024:
+            raise ConfigError(f"size={size!r}: must be an integer from 8 to 1024 (pixels a side)")
+        self.whole = _Whole(samples, size)
+
+    def __len__(self) -> int:
+        return len(self.whole)
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, int]:
+        return self.whole[i][0], self.whole.samples.labels[i]
+
+    def files(self) -> list:
+        """The files it reads (to drop from the page cache for a cold measurement)."""
+        return list(self.whole.samples.paths)
 
 
 class _Whole(Dataset):

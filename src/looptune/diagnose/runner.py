@@ -27,7 +27,7 @@ from looptune.measure.records import (
     BatchScaling, ChainTotals, Measurements, UpdateReplay, WorkerRead)
 from looptune.diagnose.predecode import gather_seconds
 from looptune.diagnose.result import MAX_WARMUP_STEPS, Diagnosis
-from looptune.diagnose.apply import (framework_precision, overridden_optimizer,
+from looptune.diagnose.apply import (FRAMEWORK_SWITCH, framework_precision, overridden_optimizer,
                                      per_forward_autocast, scaled_lr)
 from looptune.diagnose.scaling import measure_scaling, time_model_in_step, with_in_step
 from looptune.diagnose.window import UNBOUNDED, MeasurementWindow
@@ -356,8 +356,9 @@ def diagnose(target: str | Callable, args: Sequence[str] | str = (), *, module: 
             or a backward call when the script builds no torch.optim optimizer); past it the
             script is stopped and the error says what was seen. None: wait for the script.
         applied: remedies already applied to every run of the script, as ``--verify`` applies
-            them (``loader_overrides``, ``autocast``, ``framework``, ``optimizer``): what
-            :func:`looptune.diagnose.plan.plan` carries from one round to the next.
+            them (``loader_overrides``, ``autocast``, ``framework``, ``optimizer``,
+            ``lr_scale``): what :func:`looptune.diagnose.plan.plan` carries from one round to
+            the next.
         verify_skip: remedies (their actions) ``verify`` passes over: tried already.
 
     Returns:
@@ -385,6 +386,7 @@ def diagnose(target: str | Callable, args: Sequence[str] | str = (), *, module: 
         problems.append(f"verify={verify!r} is invalid: True, False or a remedy kind that can be "
                         f"applied from outside the script: {', '.join(RERUNNABLE)}, e.g. "
                         "--verify optimizer.")
+    problems += _applied_problems(applied)
     if problems:
         raise ConfigError(problems)
     args = shlex.split(args) if isinstance(args, str) else list(args)  # "--lr 1" is two args
@@ -411,6 +413,39 @@ def diagnose(target: str | Callable, args: Sequence[str] | str = (), *, module: 
         verdict = dataclasses.replace(verdict, remedies=apply_measured(verdict.remedies, checked))
     return _diagnosis(target=target, args=args, module=module, steps=steps, run=run,
                       verdict=verdict, checked=checked)
+
+
+_APPLIED = {"loader_overrides": "a dict of DataLoader keyword arguments",
+            "autocast": "'bf16' or 'bf16+math-sdpa'",
+            "framework": f"one of {sorted(FRAMEWORK_SWITCH)}",
+            "optimizer": "(torch.optim class name, dict of constructor arguments)",
+            "lr_scale": "(torch.optim class name, factor > 0)"}
+
+
+def _applied_problems(applied: Any) -> list[str]:
+    """What is wrong with ``applied`` (the switches --plan carries between runs), before any run."""
+    if applied is None:
+        return []
+    if not isinstance(applied, dict):
+        return [f"applied={applied!r} is invalid: a dict of the rerun's switches ({', '.join(_APPLIED)})"]
+    problems = [f"applied[{k!r}] is not a switch: allowed {', '.join(_APPLIED)}"
+                for k in applied if k not in _APPLIED]
+
+    def named_pair(v: Any, ok: Any) -> bool:
+        return (isinstance(v, (tuple, list)) and len(v) == 2 and isinstance(v[0], str)
+                and hasattr(torch.optim, v[0]) and ok(v[1]))
+
+    checks = {"loader_overrides": lambda v: isinstance(v, dict),
+              "autocast": lambda v: v in ("bf16", "bf16+math-sdpa"),
+              "framework": lambda v: v in FRAMEWORK_SWITCH,
+              "optimizer": lambda v: named_pair(v, lambda kw: isinstance(kw, dict)),
+              "lr_scale": lambda v: named_pair(v, lambda f: isinstance(f, (int, float))
+                                               and not isinstance(f, bool) and f > 0)}
+    for key, ok in checks.items():
+        value = applied.get(key)
+        if value is not None and not ok(value):
+            problems.append(f"applied[{key!r}]={value!r} is invalid: {_APPLIED[key]}")
+    return problems
 
 
 def _diagnosis(*, target, args, module, steps, run: _ScriptRun, verdict, checked) -> Diagnosis:

@@ -118,6 +118,12 @@ class LmdbStore:
         state["_envs"] = {}  # an LMDB env must not cross processes: each one opens its own
         return state
 
+    def release(self) -> None:
+        """Close every environment (reopened on the next read): nothing keeps the files mapped."""
+        for env in self._envs.values():
+            env.close()
+        self._envs = {}
+
     def _env(self, shard: ShardSpec):
         if os.getpid() != self._pid:  # forked after opening: LMDB forbids reusing the parent's env
             self._envs, self._pid = {}, os.getpid()

@@ -84,6 +84,17 @@ class PackedDataset(Dataset):
     def __len__(self) -> int:
         return self.header.num_samples
 
+    def release(self) -> None:
+        """Unmap the shards (memmaps, LMDB environments; reopened on the next read). A mapped
+        page stays in the page cache whatever is asked of the kernel: release first, then drop
+        the files (a cold read)."""
+        import gc
+
+        self._maps = {}
+        if self._lmdb is not None:
+            self._lmdb.release()
+        gc.collect()  # the memmaps' last references: their mappings go now
+
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
         state["_maps"] = {}  # memmaps hold file handles: each process opens its own

@@ -77,7 +77,8 @@ class PackBench:
 
 
 def bench_pack(packed: Any, original: Any = None, *, batch_size: int = 256, workers: int = 0,
-               batches: int = 50, repeats: int = 3, warmup: int = 2, seed: int = 0) -> PackBench:
+               batches: int = 50, repeats: int = 3, warmup: int = 2, seed: int = 0,
+               cold: bool = False) -> PackBench:
     """Time reading ``batches`` shuffled batches from ``original`` and from ``packed``.
 
     Args:
@@ -87,6 +88,9 @@ def bench_pack(packed: Any, original: Any = None, *, batch_size: int = 256, work
         batches: batches timed per pass (fewer if the dataset is smaller).
         repeats: passes per way, interleaved; the median is reported.
         warmup: untimed batches at the start of every pass.
+        cold: also time every way with its files dropped from the page cache before each pass
+            (``posix_fadvise(DONTNEED)``: the original's ``files()``, the packed shards), as
+            "NAME (cold)": reads from storage, as when the data is larger than the page cache.
 
     Raises:
         ConfigError: every bad argument at once, before anything is read.
@@ -112,18 +116,39 @@ def bench_pack(packed: Any, original: Any = None, *, batch_size: int = 256, work
         raise ConfigError(f"the packed dataset has {len(ds)} samples: too few for {warmup} untimed "
                           f"+ 1 timed batch of batch_size={batch_size}. Use a batch size <= "
                           f"{max(1, len(ds) // (warmup + 1))}.")
+    if cold:
+        if original is not None and not callable(getattr(original, "files", None)):
+            raise ConfigError("cold=True needs the original dataset's files() (the paths it "
+                              "reads, to drop from the page cache); this one has none")
+        ways += [(f"{name} (cold)", f"{how}; page cache dropped first", data, batched)
+                 for name, how, data, batched in ways]
     seconds: dict[str, list[float]] = {name: [] for name, *_ in ways}
     sizes: dict[str, float] = {}
     for rep in range(repeats):
         for name, _, data, batched in ways:
+            if name.endswith(" (cold)"):
+                _drop(data)
             loader = _loader(data, batch_size, workers, batched, seed + rep)
             s, nbytes = _time(loader, steps, warmup)
+            del loader
             seconds[name].append(s)
             sizes[name] = nbytes
     rates = [LoadRate(name=name, how=how, samples=steps * batch_size, seconds=seconds[name], bytes_per_batch=sizes[name], samples_per_batch=batch_size)
              for name, how, *_ in ways]
     return PackBench(packed=str(ds.path), storage=ds.storage, batch_size=batch_size, workers=workers, batches=steps, repeats=repeats, rates=rates,
                      provenance=provenance(torch.device("cpu")))
+
+
+def _drop(data: Any) -> None:
+    """Drop a way's files from the page cache: a packed dataset's shards, else its files()."""
+    from looptune._io import drop_page_cache
+
+    path = getattr(data, "path", None)
+    if path is not None:
+        data.release()  # mapped pages cannot be dropped: unmap the shards first
+    files = (sorted(p for p in path.rglob("*") if p.is_file()) if path is not None
+             else data.files())
+    drop_page_cache(files)
 
 
 def _check(batch_size: Any, workers: Any, batches: Any, repeats: Any, warmup: Any) -> None:
