@@ -51,7 +51,6 @@ def test_bad_arguments(data):
 
 def test_cold_ways_unmap_and_drop_the_files_before_each_pass(data, monkeypatch):
     from looptune.data.pack import open_packed
-    from looptune.data.pack import throughput
 
     ds, out = data
     with pytest.raises(ConfigError, match=r"files\(\)"):  # no way to drop the original's files
