@@ -31,7 +31,7 @@ from typing import Any
 import torch
 
 __all__ = ["FRAMEWORK_SWITCH", "as_float32", "framework_precision",
-           "overridden_optimizer", "per_forward_autocast", "scaled_lr"]
+           "overridden_optimizer", "per_forward_autocast", "remedies_applied", "scaled_lr"]
 
 
 def as_float32(out: Any) -> Any:
@@ -194,3 +194,23 @@ def scaled_lr(name: str, factor: float, *, hits: list[int] | None = None) -> Ite
             cls.__init__ = original
         else:
             del cls.__init__
+
+
+@contextlib.contextmanager
+def remedies_applied(device: torch.device, autocast: str | None, framework: str | None,
+                    optimizer: tuple[str, dict] | None,
+                    lr_scale: tuple[str, float] | None = None):
+    """--verify: the remedy's switch on for the rerun; yields a one-item list that counts the
+    times the switch was used (model forwards under autocast, constructions patched)."""
+    hits = [0]
+    with contextlib.ExitStack() as stack:
+        if autocast:  # per forward: one context across steps would freeze the weight casts
+            stack.enter_context(per_forward_autocast(
+                device.type, math_sdpa=autocast == "bf16+math-sdpa", hits=hits))
+        if framework:
+            stack.enter_context(framework_precision(framework, hits=hits))
+        if optimizer:
+            stack.enter_context(overridden_optimizer(*optimizer, hits=hits))
+        if lr_scale:  # a larger batch's learning rate: counts as applied with its batch size
+            stack.enter_context(scaled_lr(*lr_scale))
+        yield hits

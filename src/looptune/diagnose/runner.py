@@ -8,7 +8,6 @@ and every patched function are restored whatever the script does.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import os
 import shlex
@@ -27,8 +26,7 @@ from looptune.measure.records import (
     BatchScaling, ChainTotals, Measurements, UpdateReplay, WorkerRead)
 from looptune.diagnose.predecode import gather_seconds
 from looptune.diagnose.result import MAX_WARMUP_STEPS, Diagnosis
-from looptune.diagnose.apply import (FRAMEWORK_SWITCH, framework_precision, overridden_optimizer,
-                                     per_forward_autocast, scaled_lr)
+from looptune.diagnose.apply import remedies_applied
 from looptune.diagnose.scaling import measure_scaling, time_model_in_step, with_in_step
 from looptune.diagnose.window import UNBOUNDED, MeasurementWindow
 from looptune.diagnose.update_replay import described_update, measure_update
@@ -44,7 +42,7 @@ from looptune.diagnose.script import (
     script_name,
 )
 from looptune.diagnose.verdict import analyze
-from looptune.diagnose.verify import (
+from looptune.diagnose.verify import (applied_problems, 
     RERUNNABLE, apply_measured, combined, parse_loader_action, verify_remedy)
 from looptune.diagnose.worker_read import measure_worker_read
 from looptune.errors import ConfigError, MeasurementError
@@ -155,7 +153,7 @@ def _run_once(target, args, *, module, steps, warmup, seconds, trace_dir,
     t0 = time.perf_counter()
     with (script_env(target, args, module) as run, probes, chain, waits,
           overridden_loaders(loader_overrides),
-          _remedy_applied(device, autocast, framework, optimizer, lr_scale) as applied):
+          remedies_applied(device, autocast, framework, optimizer, lr_scale) as applied):
         try:
             schedule.begin()
             forked_children_exit_alone(run, os.getpid())
@@ -196,26 +194,6 @@ def _run_once(target, args, *, module, steps, warmup, seconds, trace_dir,
                     where=where, script=script_name(target, args, module), input_chain=totals, input_chain_note=note,
                     threads=threads[0] if threads else None, seen=seen, scaling=scaling,
                     worker_read=read, gather_s=gather, update=update, applied=applied[0])
-
-
-@contextlib.contextmanager
-def _remedy_applied(device: torch.device, autocast: str | None, framework: str | None,
-                    optimizer: tuple[str, dict] | None,
-                    lr_scale: tuple[str, float] | None = None):
-    """--verify: the remedy's switch on for the rerun; yields a one-item list that counts the
-    times the switch was used (model forwards under autocast, constructions patched)."""
-    hits = [0]
-    with contextlib.ExitStack() as stack:
-        if autocast:  # per forward: one context across steps would freeze the weight casts
-            stack.enter_context(per_forward_autocast(
-                device.type, math_sdpa=autocast == "bf16+math-sdpa", hits=hits))
-        if framework:
-            stack.enter_context(framework_precision(framework, hits=hits))
-        if optimizer:
-            stack.enter_context(overridden_optimizer(*optimizer, hits=hits))
-        if lr_scale:  # a larger batch's learning rate: counts as applied with its batch size
-            stack.enter_context(scaled_lr(*lr_scale))
-        yield hits
 
 
 def _loader_batch(probes: StepProbes) -> int | None:
@@ -386,7 +364,7 @@ def diagnose(target: str | Callable, args: Sequence[str] | str = (), *, module: 
         problems.append(f"verify={verify!r} is invalid: True, False or a remedy kind that can be "
                         f"applied from outside the script: {', '.join(RERUNNABLE)}, e.g. "
                         "--verify optimizer.")
-    problems += _applied_problems(applied)
+    problems += applied_problems(applied)
     if problems:
         raise ConfigError(problems)
     args = shlex.split(args) if isinstance(args, str) else list(args)  # "--lr 1" is two args
@@ -413,39 +391,6 @@ def diagnose(target: str | Callable, args: Sequence[str] | str = (), *, module: 
         verdict = dataclasses.replace(verdict, remedies=apply_measured(verdict.remedies, checked))
     return _diagnosis(target=target, args=args, module=module, steps=steps, run=run,
                       verdict=verdict, checked=checked)
-
-
-_APPLIED = {"loader_overrides": "a dict of DataLoader keyword arguments",
-            "autocast": "'bf16' or 'bf16+math-sdpa'",
-            "framework": f"one of {sorted(FRAMEWORK_SWITCH)}",
-            "optimizer": "(torch.optim class name, dict of constructor arguments)",
-            "lr_scale": "(torch.optim class name, factor > 0)"}
-
-
-def _applied_problems(applied: Any) -> list[str]:
-    """What is wrong with ``applied`` (the switches --plan carries between runs), before any run."""
-    if applied is None:
-        return []
-    if not isinstance(applied, dict):
-        return [f"applied={applied!r} is invalid: a dict of the rerun's switches ({', '.join(_APPLIED)})"]
-    problems = [f"applied[{k!r}] is not a switch: allowed {', '.join(_APPLIED)}"
-                for k in applied if k not in _APPLIED]
-
-    def named_pair(v: Any, ok: Any) -> bool:
-        return (isinstance(v, (tuple, list)) and len(v) == 2 and isinstance(v[0], str)
-                and hasattr(torch.optim, v[0]) and ok(v[1]))
-
-    checks = {"loader_overrides": lambda v: isinstance(v, dict),
-              "autocast": lambda v: v in ("bf16", "bf16+math-sdpa"),
-              "framework": lambda v: v in FRAMEWORK_SWITCH,
-              "optimizer": lambda v: named_pair(v, lambda kw: isinstance(kw, dict)),
-              "lr_scale": lambda v: named_pair(v, lambda f: isinstance(f, (int, float))
-                                               and not isinstance(f, bool) and f > 0)}
-    for key, ok in checks.items():
-        value = applied.get(key)
-        if value is not None and not ok(value):
-            problems.append(f"applied[{key!r}]={value!r} is invalid: {_APPLIED[key]}")
-    return problems
 
 
 def _diagnosis(*, target, args, module, steps, run: _ScriptRun, verdict, checked) -> Diagnosis:

@@ -34,6 +34,8 @@ from collections.abc import Callable, Sequence
 from statistics import median
 from typing import Any
 
+import torch
+
 from looptune.diagnose import predecode
 from looptune.diagnose.apply import FRAMEWORK_SWITCH
 from looptune.diagnose.rules.records import Remedy, Verdict
@@ -41,7 +43,7 @@ from looptune.measure.parity import loss_parity, time_to_loss
 from looptune.diagnose.update_replay import impl_kwargs
 from looptune.errors import ConfigError, MeasurementError
 
-__all__ = ["MIN_COMPARABLE_STEPS", "RERUNNABLE", "SHORT", "apply_measured", "combined",
+__all__ = ["MIN_COMPARABLE_STEPS", "RERUNNABLE", "SHORT", "applied_problems", "apply_measured", "combined",
            "parse_loader_action", "verify_remedy"]
 
 SHORT = 0.7  # a measured gain below this share of the promised bound is reported as short of it
@@ -350,3 +352,36 @@ def _ranked_by_measurement(remedies: list[Remedy]) -> list[Remedy]:
     fixes = [r for r in remedies if r.kind == "memory"]
     rest = [r for r in remedies if r.kind != "memory"]
     return fixes + sorted(rest, key=lambda r: -(r.measured_speedup or r.expected_speedup))
+
+
+_APPLIED = {"loader_overrides": "a dict of DataLoader keyword arguments",
+            "autocast": "'bf16' or 'bf16+math-sdpa'",
+            "framework": f"one of {sorted(FRAMEWORK_SWITCH)}",
+            "optimizer": "(torch.optim class name, dict of constructor arguments)",
+            "lr_scale": "(torch.optim class name, factor > 0)"}
+
+
+def applied_problems(applied: Any) -> list[str]:
+    """What is wrong with ``applied`` (the switches --plan carries between runs), before any run."""
+    if applied is None:
+        return []
+    if not isinstance(applied, dict):
+        return [f"applied={applied!r} is invalid: a dict of the rerun's switches ({', '.join(_APPLIED)})"]
+    problems = [f"applied[{k!r}] is not a switch: allowed {', '.join(_APPLIED)}"
+                for k in applied if k not in _APPLIED]
+
+    def named_pair(v: Any, ok: Any) -> bool:
+        return (isinstance(v, (tuple, list)) and len(v) == 2 and isinstance(v[0], str)
+                and hasattr(torch.optim, v[0]) and ok(v[1]))
+
+    checks = {"loader_overrides": lambda v: isinstance(v, dict),
+              "autocast": lambda v: v in ("bf16", "bf16+math-sdpa"),
+              "framework": lambda v: v in FRAMEWORK_SWITCH,
+              "optimizer": lambda v: named_pair(v, lambda kw: isinstance(kw, dict)),
+              "lr_scale": lambda v: named_pair(v, lambda f: isinstance(f, (int, float))
+                                               and not isinstance(f, bool) and f > 0)}
+    for key, ok in checks.items():
+        value = applied.get(key)
+        if value is not None and not ok(value):
+            problems.append(f"applied[{key!r}]={value!r} is invalid: {_APPLIED[key]}")
+    return problems
