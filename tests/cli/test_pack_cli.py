@@ -140,3 +140,38 @@ def test_an_image_folder_is_packed_resized_and_benched_warm_and_cold(capsys, tmp
     names = [r["name"] for r in json.loads((tmp_path / "b.json").read_text())["rates"]]
     assert names == ["original", "packed, per sample", "packed, whole batches", "original (cold)",
                      "packed, per sample (cold)", "packed, whole batches (cold)"]
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("fmt", ["tfrecord", "webdataset"])
+def test_an_image_folder_into_record_shards_verified_and_benched(capsys, tmp_path, mnist_dir, fmt):
+    # issue 33: the formats the tutorials name, against the folder, warm and cold
+    pytest.importorskip(fmt)
+    from looptune.data import image_folder
+    from looptune.data.pack.records import RecordDataset
+
+    image_folder.write(tmp_path / "jpegs", samples=120, mnist_dir=mnist_dir, min_size=64, max_size=96)
+    code, out, _ = _run(capsys, "--images", str(tmp_path / "jpegs"), "--format", fmt,
+                        "--shard-bytes", "100K", str(tmp_path / "r"))
+    assert code == 0 and "wrote 120 samples (encoded bytes + label) into" in out and fmt in out
+    scan = image_folder.scan(tmp_path / "jpegs")
+    ds = RecordDataset(tmp_path / "r")
+    assert all(ds[i] == (scan.paths[i].read_bytes(), scan.labels[i]) for i in (0, 61, 119))
+    code, out, _ = _run(capsys, "--verify", str(tmp_path / "r"))
+    assert code == 0 and "and their indexes match their SHA-256 (120 samples" in out
+    code, _, err = _run(capsys, "--bench", str(tmp_path / "r"), "--images", str(tmp_path / "jpegs"))
+    assert code == 2 and "the records' decode needs --size S" in err
+    code, out, _ = _run(capsys, "--bench", str(tmp_path / "r"), "--images", str(tmp_path / "jpegs"),
+                        "--size", "24", "--cold", "--batch-size", "8", "--batches", "3",
+                        "--repeats", "1", "--json", str(tmp_path / "b.json"))
+    assert code == 0
+    data = json.loads((tmp_path / "b.json").read_text())
+    assert data["storage"] == fmt and [r["name"] for r in data["rates"]] == [
+        "original", f"{fmt}, random access", f"{fmt}, streamed", "original (cold)",
+        f"{fmt}, random access (cold)", f"{fmt}, streamed (cold)"]
+    code, _, err = _run(capsys, "--images", str(tmp_path / "jpegs"), "--format", fmt, "--size",
+                        "24", str(tmp_path / "r2"))
+    assert code == 2 and "stores each file's bytes as they are" in err
+    code, _, err = _run(capsys, "--images", str(tmp_path / "jpegs"), "--format", fmt,
+                        str(tmp_path / "r"))
+    assert code == 2 and "already exists" in err

@@ -22,6 +22,7 @@ from looptune._format import format_bytes
 from looptune._io import atomic_write_text, writable_problem
 from looptune.cli.report import add_report_option, print_written, report_problems
 from looptune.data.pack.format import STORAGES
+from looptune.data.pack.records import RECORD_FORMATS, is_records
 from looptune.errors import ConfigError, DataError
 from looptune.report.build import save_and_render
 from looptune.report.render import wide_console
@@ -53,11 +54,15 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--cold", action="store_true",
                    help="--bench: also time every way with its files dropped from the page cache "
                         "before each pass (reads from storage)")
-    p.add_argument("--format", choices=STORAGES, default="memmap",
-                   help="memmap: fixed shapes, vectorized batch reads (default); lmdb: variable "
-                        "shapes allowed (pip install 'looptune[lmdb]')")
-    p.add_argument("--shard-bytes", metavar="N", default="256M",
-                   help="most bytes per shard file, e.g. 64M, 1G (default 256M)")
+    p.add_argument("--format", choices=STORAGES + RECORD_FORMATS, default="memmap",
+                   help="memmap: decoded arrays of fixed shapes, vectorized batch reads (default); "
+                        "lmdb: decoded arrays, variable shapes allowed (pip install "
+                        "'looptune[lmdb]'); tfrecord, webdataset: each file's encoded bytes and "
+                        "label in shards, decoded when read (--images or a dataset of (bytes, "
+                        "label); pip install 'looptune[tfrecord]' / 'looptune[webdataset]')")
+    p.add_argument("--shard-bytes", metavar="N", default=None,
+                   help="most bytes per shard file, e.g. 64M, 1G (default 256M; 64M for "
+                        "tfrecord/webdataset)")
     p.add_argument("--workers", metavar="K", type=int, default=0,
                    help="processes reading the dataset while packing (default 0: this one); with "
                         "--bench, the DataLoader workers of every way measured")
@@ -93,11 +98,21 @@ def _mode(args: argparse.Namespace) -> str:
         problems.append("give --dataset MODULE:FACTORY or --images DIR, not both.")
     if args.images is not None and mode == "verify":
         problems.append("--verify reads only the packed folder: drop --images.")
-    if args.images is not None and (args.size is None or not 8 <= args.size <= 1024):
-        problems.append(f"--images needs --size S, 8 to 1024 pixels a side (got {args.size}); "
+    records = args.format in RECORD_FORMATS
+    bench_records = mode == "bench" and is_records(args.bench)
+    if records and mode == "pack" and args.size is not None:
+        problems.append(f"--size {args.size}: --format {args.format} stores each file's bytes as "
+                        "they are (decoded when read); drop --size, or use --format memmap.")
+    elif ((args.images is not None and not (records and mode == "pack")) or bench_records) and (
+            args.size is None or not 8 <= args.size <= 1024):
+        what = "the records' decode" if bench_records else "--images"
+        problems.append(f"{what} needs --size S, 8 to 1024 pixels a side (got {args.size}); "
                         "e.g. --size 48 for training at 32")
-    if args.images is None and args.size is not None:
+    if args.images is None and args.size is not None and not bench_records:
         problems.append("--size goes with --images DIR (the stored images' pixels a side).")
+    if records and mode == "pack" and args.workers:
+        problems.append(f"--workers {args.workers}: --format {args.format} copies bytes (nothing "
+                        "to decode while packing); drop --workers.")
     if args.cold and mode != "bench":
         problems.append("--cold goes with --bench OUT (it measures reads from storage).")
     if mode == "pack":
@@ -113,6 +128,8 @@ def _mode(args: argparse.Namespace) -> str:
         problems.append("--verify reads only the packed folder: drop --dataset.")
     if args.dataset is not None and (problem := spec_problem(args.dataset, "--dataset")):
         problems.append(problem)
+    if args.shard_bytes is None:
+        args.shard_bytes = "64M" if records else "256M"
     try:
         args.shard_bytes = parse_size(args.shard_bytes)
         if args.shard_bytes < 1:
@@ -144,6 +161,9 @@ def run(args: argparse.Namespace) -> int:
 
 def _pack(args: argparse.Namespace) -> int:
     from looptune.data.pack import pack
+
+    if args.format in RECORD_FORMATS:
+        return _pack_records(args)
     from looptune.data.pack.writer import _check_args
 
     # the cheap checks first (OUT exists, lmdb missing...), before the dataset factory runs
@@ -165,6 +185,34 @@ def _pack(args: argparse.Namespace) -> int:
     return 0
 
 
+def _pack_records(args: argparse.Namespace) -> int:
+    from looptune.data import image_folder
+    from looptune.data.pack.records import RECORDS_NAME, pack_records, records_missing
+    from looptune.data.pack.writer import _existing_problem
+
+    out = Path(args.out)
+    problems = [m for m in [records_missing(args.format)] if m]
+    if out.exists() or out.is_symlink():
+        problems += _existing_problem(out, args.overwrite, marker=RECORDS_NAME)
+    if problems:  # before the folder is scanned
+        raise ConfigError(problems)
+    source = (image_folder.scan(args.images) if args.images is not None
+              else build_dataset(args.dataset))
+    columns = [TextColumn("packing"), BarColumn(), MofNCompleteColumn(), TextColumn("samples"),
+               TimeElapsedColumn(), TimeRemainingColumn()]
+    with Progress(*columns, console=Console(stderr=True)) as progress:
+        task = progress.add_task("pack", total=len(source))
+        pack_records(source, out, format=args.format, shard_bytes=args.shard_bytes,
+                     overwrite=args.overwrite,
+                     progress=lambda done, total: progress.update(task, completed=done))
+    meta = json.loads((out / RECORDS_NAME).read_text())
+    size = sum(s["bytes"] for s in meta["shards"])
+    wide_console().print(f"wrote {meta['num_samples']} samples (encoded bytes + label) into {out}: "
+                         f"{meta['format']}, {len(meta['shards'])} shard(s), {format_bytes(size)}",
+                         highlight=False, markup=False)
+    return 0
+
+
 def _source(args: argparse.Namespace):
     """The dataset to pack (or to bench against): --dataset's factory, or --images DIR decoded
     and resized whole to --size (the folder scanned first: a bad file is named here)."""
@@ -178,7 +226,17 @@ def _source(args: argparse.Namespace):
 
 def _verify(folder: Path) -> int:
     from looptune.data.pack import verify_packed
+    from looptune.data.pack.records import open_records, verify_records
 
+    if is_records(folder):
+        problems = verify_records(folder)
+        if problems:
+            raise DataError(f"{folder} failed verification: " + "; ".join(problems))
+        meta = open_records(folder)
+        wide_console().print(f"{folder}: all {len(meta['shards'])} shard(s) and their indexes "
+                             f"match their SHA-256 ({meta['num_samples']} samples, "
+                             f"{meta['format']})", highlight=False, markup=False)
+        return 0
     problems = verify_packed(folder)
     if problems:
         raise DataError(f"{folder} failed verification: " + "; ".join(problems))
@@ -191,12 +249,20 @@ def _verify(folder: Path) -> int:
 
 def _bench(args: argparse.Namespace) -> int:
     from looptune.data.pack import open_packed
-    from looptune.data.pack.throughput import bench_pack
+    from looptune.data.pack.records import open_records
+    from looptune.data.pack.throughput import bench_pack, bench_records
 
-    packed = open_packed(args.bench)  # fails fast on a missing or damaged folder
-    original = _source(args) if args.dataset or args.images else None
-    result = bench_pack(packed, original, batch_size=args.batch_size, workers=args.workers,
-                        batches=args.batches, repeats=args.repeats, cold=args.cold)
+    if is_records(args.bench):
+        open_records(args.bench)  # fails fast on a missing or damaged folder
+        original = _source(args) if args.dataset or args.images else None
+        result = bench_records(args.bench, original, size=args.size, batch_size=args.batch_size,
+                               workers=args.workers, batches=args.batches, repeats=args.repeats,
+                               cold=args.cold)
+    else:
+        packed = open_packed(args.bench)  # fails fast on a missing or damaged folder
+        original = _source(args) if args.dataset or args.images else None
+        result = bench_pack(packed, original, batch_size=args.batch_size, workers=args.workers,
+                            batches=args.batches, repeats=args.repeats, cold=args.cold)
     console = wide_console()
     table = Table(title=f"{result.packed} ({result.storage}): batch {result.batch_size}, "
                         f"{result.workers} workers, {result.batches} batches x {result.repeats} "

@@ -34,8 +34,8 @@ from torch.utils.data import Dataset
 from looptune.data.image_folder import Samples
 from looptune.errors import ConfigError, DataError
 
-__all__ = ["DECODERS", "MEAN", "STD", "EpochSampler", "FolderDataset", "ResizedFolder", "crop_batch", "crop_box",
-           "decode_all", "draw_crops", "keyed_crops", "normalize", "simplejpeg_missing"]
+__all__ = ["DECODERS", "MEAN", "STD", "DecodeResize", "EpochSampler", "FolderDataset", "ResizedFolder", "crop_batch", "crop_box",
+           "decode_all", "decode_whole", "draw_crops", "keyed_crops", "normalize", "simplejpeg_missing"]
 
 # the per-channel mean and std of ImageNet's pixels in [0, 1], as the tutorials' Normalize uses
 MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
@@ -249,15 +249,38 @@ class _Whole(Dataset):
         return len(self.samples)
 
     def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
-        path = self.samples.paths[i]
-        try:
-            with Image.open(path) as img:
-                wh = torch.tensor(img.size)
-                img.draft("RGB", (self.size, self.size)) if img.format == "JPEG" else None
-                out = img.convert("RGB").resize((self.size, self.size), Image.BILINEAR)
-        except (OSError, ValueError) as err:
-            raise DataError(f"{path}: cannot be decoded ({err}). Remove or replace it.") from None
-        return torch.from_numpy(np.asarray(out).copy()).permute(2, 0, 1), wh
+        return decode_whole(self.samples.paths[i], self.size)
+
+
+def decode_whole(source, size: int, name: str | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """One image (a path, or its encoded ``bytes``) decoded (JPEG draft mode where it allows) and
+    resized whole to ``size`` x ``size``: ``(uint8 tensor (3, size, size), tensor([width, height]))``
+    of the original. DataError names ``name`` (default: the path) when it cannot be decoded."""
+    import io
+
+    try:
+        with Image.open(io.BytesIO(source) if isinstance(source, (bytes, bytearray, memoryview))
+                        else source) as img:
+            wh = torch.tensor(img.size)
+            img.draft("RGB", (size, size)) if img.format == "JPEG" else None
+            out = img.convert("RGB").resize((size, size), Image.BILINEAR)
+    except (OSError, ValueError) as err:
+        raise DataError(f"{name or source}: cannot be decoded ({err}). Remove or replace it.") from None
+    return torch.from_numpy(np.asarray(out).copy()).permute(2, 0, 1), wh
+
+
+class DecodeResize:
+    """``bytes -> uint8 tensor (3, size, size)``: :func:`decode_whole` as a picklable transform
+    for datasets of encoded samples (TFRecord, WebDataset shards), the per-sample work of
+    :class:`ResizedFolder` without the file."""
+
+    def __init__(self, size: int) -> None:
+        if not isinstance(size, int) or isinstance(size, bool) or not 8 <= size <= 1024:
+            raise ConfigError(f"size={size!r}: must be an integer from 8 to 1024 (pixels a side)")
+        self.size = size
+
+    def __call__(self, data: bytes, name: str = "a sample") -> torch.Tensor:
+        return decode_whole(data, self.size, name)[0]
 
 
 def draw_crops(sizes: torch.Tensor, generator: torch.Generator | None = None,

@@ -19,12 +19,12 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import torch
-from torch.utils.data import BatchSampler, DataLoader, RandomSampler
+from torch.utils.data import BatchSampler, DataLoader, IterableDataset, RandomSampler
 
 from looptune.data.faults import batch_nbytes
 from looptune.errors import ConfigError
 
-__all__ = ["LoadRate", "PackBench", "bench_pack"]
+__all__ = ["LoadRate", "PackBench", "bench_pack", "bench_records"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -116,6 +116,53 @@ def bench_pack(packed: Any, original: Any = None, *, batch_size: int = 256, work
         raise ConfigError(f"the packed dataset has {len(ds)} samples: too few for {warmup} untimed "
                           f"+ 1 timed batch of batch_size={batch_size}. Use a batch size <= "
                           f"{max(1, len(ds) // (warmup + 1))}.")
+    rates = _measure(ways, original, steps, batch_size, workers, repeats, warmup, seed, cold)
+    return PackBench(packed=str(ds.path), storage=ds.storage, batch_size=batch_size, workers=workers, batches=steps, repeats=repeats, rates=rates,
+                     provenance=provenance(torch.device("cpu")))
+
+
+def bench_records(folder: Any, original: Any = None, *, size: int, batch_size: int = 256,
+                  workers: int = 0, batches: int = 50, repeats: int = 3, warmup: int = 2,
+                  seed: int = 0, cold: bool = False, shuffle_buffer: int = 1000) -> PackBench:
+    """:func:`bench_pack` for a TFRecord or WebDataset folder (:mod:`looptune.data.pack.records`):
+    every way decodes each sample's bytes and resizes it to ``size`` (the original's per-sample
+    work, from the shards' bytes instead of one file each), read two ways: by index through the
+    same shuffled DataLoader as the original (``FORMAT, random access``), and streamed (``FORMAT,
+    streamed``: shards read in order, each worker a contiguous share, a ``shuffle_buffer`` of
+    samples), as the formats are meant to be read."""
+    from looptune.data.jpeg import DecodeResize
+    from looptune.data.pack.records import RecordDataset, RecordStream
+    from looptune.measure.provenance import provenance
+
+    _check(batch_size, workers, batches, repeats, warmup)
+    decode = DecodeResize(size)
+    ds = RecordDataset(folder, decode)
+    stream = RecordStream(folder, decode, shuffle_buffer=shuffle_buffer, seed=seed)
+    if original is not None and len(original) != len(ds):
+        raise ConfigError(f"the original dataset has {len(original)} samples, {folder} "
+                          f"{len(ds)}: they are not the same data. Write it again "
+                          "(looptune pack --overwrite) or pass the folder it was written from.")
+    ways = []
+    if original is not None:
+        ways.append(("original", "DataLoader(dataset, shuffle) + default collate", original, False))
+    ways.append((f"{ds.format}, random access", "the same DataLoader: one record read by index "
+                 "(pread) a sample", ds, False))
+    ways.append((f"{ds.format}, streamed", f"DataLoader(IterableDataset): shards read in order, "
+                 f"a contiguous share a worker, shuffle buffer {shuffle_buffer}", stream, False))
+    shares = max(1, workers)  # the stream's: each worker makes whole batches of its own share
+    steps = min(batches, shares * (len(ds) // shares // batch_size) - warmup)
+    if steps < 1:
+        raise ConfigError(f"{folder} has {len(ds)} samples: too few for {warmup} untimed + 1 timed "
+                          f"batch of batch_size={batch_size} from each of {max(1, workers)} "
+                          "stream share(s). Use a smaller batch size.")
+    rates = _measure(ways, original, steps, batch_size, workers, repeats, warmup, seed, cold)
+    return PackBench(packed=str(ds.path), storage=ds.format, batch_size=batch_size,
+                     workers=workers, batches=steps, repeats=repeats, rates=rates,
+                     provenance=provenance(torch.device("cpu")))
+
+
+def _measure(ways: list, original: Any, steps: int, batch_size: int, workers: int, repeats: int,
+             warmup: int, seed: int, cold: bool) -> list[LoadRate]:
     if cold:
         if original is not None and not callable(getattr(original, "files", None)):
             raise ConfigError("cold=True needs the original dataset's files() (the paths it "
@@ -133,10 +180,9 @@ def bench_pack(packed: Any, original: Any = None, *, batch_size: int = 256, work
             del loader
             seconds[name].append(s)
             sizes[name] = nbytes
-    rates = [LoadRate(name=name, how=how, samples=steps * batch_size, seconds=seconds[name], bytes_per_batch=sizes[name], samples_per_batch=batch_size)
-             for name, how, *_ in ways]
-    return PackBench(packed=str(ds.path), storage=ds.storage, batch_size=batch_size, workers=workers, batches=steps, repeats=repeats, rates=rates,
-                     provenance=provenance(torch.device("cpu")))
+    return [LoadRate(name=name, how=how, samples=steps * batch_size, seconds=seconds[name],
+                     bytes_per_batch=sizes[name], samples_per_batch=batch_size)
+            for name, how, *_ in ways]
 
 
 def _drop(data: Any) -> None:
@@ -165,6 +211,10 @@ def _check(batch_size: Any, workers: Any, batches: Any, repeats: Any, warmup: An
 def _loader(data: Any, batch_size: int, workers: int, batched: bool, seed: int) -> DataLoader:
     gen = torch.Generator().manual_seed(seed)
     extra = {"persistent_workers": False, "prefetch_factor": 2} if workers else {}
+    if isinstance(data, IterableDataset):  # a stream shuffles itself, by (seed, epoch)
+        data.set_epoch(seed)
+        return DataLoader(data, batch_size=batch_size, drop_last=True, num_workers=workers,
+                          **extra)
     if batched:
         sampler = BatchSampler(RandomSampler(data, generator=gen), batch_size, drop_last=True)
         return DataLoader(data, sampler=sampler, batch_size=None, num_workers=workers, **extra)

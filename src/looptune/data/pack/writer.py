@@ -129,16 +129,16 @@ def _check_args(dataset: Any, out: Path, format: Any, shard_bytes: Any, workers:
     return n
 
 
-def _existing_problem(out: Path, overwrite: bool) -> list[str]:
+def _existing_problem(out: Path, overwrite: bool, marker: str = HEADER_NAME) -> list[str]:
     if not overwrite:
         return [(f"out={str(out)!r} already exists. Pass overwrite=True (--overwrite) to replace "
                  "it, or choose another path.")]
     if not out.is_dir() or out.is_symlink():
         return [(f"out={str(out)!r} exists and is not a folder; overwrite only replaces a packed "
                  "dataset folder. Remove it yourself or choose another path.")]
-    if any(out.iterdir()) and not (out / HEADER_NAME).is_file():
+    if any(out.iterdir()) and not (out / marker).is_file():
         return [(f"out={str(out)!r} is a non-empty folder that is not a packed dataset (no "
-                 f"{HEADER_NAME}); overwrite will not delete it. Remove it yourself or choose "
+                 f"{marker}); overwrite will not delete it. Remove it yourself or choose "
                  "another path.")]
     return []
 
