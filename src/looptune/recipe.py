@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import importlib.util
 import math
 import types
 import typing
@@ -53,6 +54,11 @@ Decode = Literal["per_sample", "tensorized"]
 # (4x the memory), each batch gathered ready to use: no per-step conversion (not with augmentation).
 Normalize = Literal["batch", "once"]
 Store = Literal["float32", "autocast"]
+# How a per-sample pipeline over image files decodes each JPEG (workloads that read files, e.g.
+# jpeg-folder). pil: Pillow, full size. draft: Pillow's JPEG draft mode, the crop decoded at the
+# smallest 1/2, 1/4 or 1/8 scale that keeps it at training resolution. simplejpeg: libjpeg-turbo
+# through simplejpeg, at that scale too (pip install 'looptune[jpeg]').
+ImageDecoder = Literal["pil", "draft", "simplejpeg"]
 # When the step's loss is read on the host. step: loss.item() every step (the reference; a device
 # sync per step on CUDA). epoch: summed on the device, read once per epoch.
 LossSync = Literal["step", "epoch"]
@@ -111,11 +117,20 @@ class LoaderConfig:
     # normalize='once': keep the dataset in float32, or in the step's autocast dtype when the
     # model's forward is bit-identical that way (checked at setup; data/store.py)
     store: Store = "float32"
+    image_decoder: ImageDecoder = "pil"  # decode='per_sample' over image files: how JPEGs decode
 
     def problems(self) -> list[str]:
         """Every invalid field, as a message with the received value, what is allowed and the fix."""
         out = _literal_problems(self, {"strategy": Strategy, "decode": Decode,
-                                      "normalize": Normalize, "store": Store})
+                                      "normalize": Normalize, "store": Store,
+                                      "image_decoder": ImageDecoder})
+        if self.image_decoder != "pil" and self.decode != "per_sample":
+            out.append(f"image_decoder={self.image_decoder!r} needs decode='per_sample' (got "
+                       f"decode={self.decode!r}): a tensorized dataset was decoded once already. "
+                       "Use decode='per_sample', or image_decoder='pil'.")
+        if self.image_decoder == "simplejpeg" and importlib.util.find_spec("simplejpeg") is None:
+            out.append("image_decoder='simplejpeg' needs the simplejpeg package (libjpeg-turbo): "
+                       "pip install 'looptune[jpeg]', or use image_decoder='draft'.")
         if self.store == "autocast" and self.normalize != "once":
             out.append(f"store='autocast' needs normalize='once' (got normalize="
                        f"{self.normalize!r}): only a dataset normalized once is kept in float. "

@@ -189,3 +189,71 @@ def test_a_decoder_that_is_not_there_is_named_with_its_install(gradients, monkey
         FolderDataset(gradients, 32, decoder="simplejpeg")
     with pytest.raises(ConfigError, match="decoder='turbo'"):
         FolderDataset(gradients, 32, decoder="turbo")
+
+
+def test_gpu_decode_degrades_with_its_reason_on_this_machine():
+    from looptune.data.jpeg import gpu_decode_missing
+
+    assert "needs a CUDA device (got cpu)" in gpu_decode_missing("cpu")
+    if not torch.cuda.is_available():
+        assert "torch.cuda.is_available() is False" in gpu_decode_missing("cuda")
+
+
+def _decoded_case(tmp_path):
+    """Six JPEGs, each PIL-decoded, their keyed crops and FolderDataset's per-sample output."""
+    from looptune.data import image_folder
+    from looptune.data.jpeg import FolderDataset, keyed_crops
+
+    rng = np.random.default_rng(1)
+    for i in range(6):
+        (tmp_path / str(i % 2)).mkdir(exist_ok=True)
+        w, h = int(rng.integers(90, 200)), int(rng.integers(90, 200))
+        smooth = np.kron(rng.integers(0, 255, (h // 8 + 1, w // 8 + 1, 3)), np.ones((8, 8, 1)))
+        Image.fromarray(smooth[:h, :w].astype(np.uint8)).save(tmp_path / str(i % 2) / f"{i}.jpg",
+                                                              quality=95)
+    samples = image_folder.scan(tmp_path)
+    per_sample = FolderDataset(samples, 32, scale=(0.35, 1.0), seed=5)
+    decoded, sizes = [], []
+    for p in samples.paths:
+        with Image.open(p) as img:
+            decoded.append(torch.from_numpy(np.asarray(img.convert("RGB")).copy()).permute(2, 0, 1))
+            sizes.append(img.size)
+    index = np.arange(len(samples))
+    boxes, flips = keyed_crops(5, 2, index, torch.tensor(sizes), (0.35, 1.0))
+    want = torch.stack([per_sample[(int(i), 2)][0] for i in index])
+    return samples, decoded, want, boxes, flips
+
+
+def test_crops_of_decoded_images_are_the_per_sample_pipelines_pixels(tmp_path):
+    """The GPU-decode path's crop + resize + flip + normalize (crop_decoded), run here on images
+    PIL decoded, against FolderDataset's per-sample output for the same keyed crops."""
+    from looptune.data.jpeg import crop_decoded
+
+    _, decoded, want, boxes, flips = _decoded_case(tmp_path)
+    got = crop_decoded(decoded, boxes, flips, 32)
+    assert got.shape == want.shape == (6, 3, 32, 32)
+    # PIL rounds to uint8 after its filter and reads past the crop's edge within the filter's
+    # support (torch stops at the edge): on average within one level (1/255/0.225 = 0.017
+    # normalized); measured here: mean 0.011, 99th percentile 0.17, on 8-pixel blocks' sharp edges
+    diff = (got - want).abs()
+    assert diff.mean() < 0.02 and diff.flatten().quantile(0.99) < 0.25
+    assert flips.any() and not flips.all()  # both branches ran
+    other = crop_decoded(decoded, boxes, ~flips, 32)  # a different picture is far off
+    assert (other - want).abs().mean() > 0.1
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA (nvJPEG); the CPU test "
+                    "above checks the crops (benchmarks/gpu_check.sh runs this one)")
+def test_nvjpeg_decodes_the_batch_on_the_gpu_to_the_same_pictures(tmp_path):
+    from looptune.data.jpeg import crop_decoded, decode_on, gpu_decode_missing
+
+    if (why := gpu_decode_missing("cuda")) is not None:
+        pytest.skip(why)
+    samples, decoded, want, boxes, flips = _decoded_case(tmp_path)
+    datas = [torch.frombuffer(bytearray(p.read_bytes()), dtype=torch.uint8) for p in samples.paths]
+    on_gpu = decode_on(datas, "cuda")
+    assert all(d.is_cuda and d.shape == c.shape for d, c in zip(on_gpu, decoded))
+    # nvJPEG's IDCT and upsampling differ from libjpeg's by a few levels
+    assert max((d.cpu().float() - c.float()).abs().mean().item() for d, c in zip(on_gpu, decoded)) < 3
+    got = crop_decoded(on_gpu, boxes, flips, 32).cpu()
+    assert (got - want).abs().mean() < 0.06

@@ -180,6 +180,11 @@ def bench(*, workload: str = "mnist-mlp", recipes: Sequence[str | Recipe] | None
                          f"{spec.name}'s augmented images: each epoch needs new random "
                          "transforms of the uint8 pixels. Use loader.normalize='batch'."
                          for r in chosen if r.loader.normalize == "once"]
+        if getattr(train_data, "per_sample", None) is None:
+            problems += [f"recipe {r.name!r}: loader.image_decoder={r.loader.image_decoder!r} "
+                         f"with workload {spec.name}, whose data is in memory (no image files "
+                         "to decode). Use loader.image_decoder='pil'."
+                         for r in chosen if r.loader.image_decoder != "pil"]
         if problems:
             raise ConfigError(problems)
         _warm_up(spec, train_data, dev, wl_options)
@@ -238,7 +243,7 @@ def _warm_up(workload: Workload, data: ImageData, device: torch.device, wl_optio
     ``steps`` steps or ``budget_s`` seconds (an LM step can take a second on a CPU)."""
     model = workload.build_model(**wl_options).to(device)
     optimizer = torch.optim.Adam(model.parameters())
-    x = loaders.normalize_batch(data.images[:64].to(device), data.mean, data.std)
+    x = loaders.prepare_batch(data.images[:64].to(device), data.mean, data.std, data.augment)
     y = data.labels[:64].to(device)
     deadline = time.perf_counter() + budget_s
     for _ in range(steps):

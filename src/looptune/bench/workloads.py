@@ -19,7 +19,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from looptune.models import GPT, GPTConfig, SimpleFeedForwardNN, SmallCNN, lm_loss
+from looptune.bench import image_workload
+from looptune.models import GPT, GPTConfig, ImageCNN, SimpleFeedForwardNN, SmallCNN, lm_loss
 from looptune.data.loaders import ImageData, normalize_batch
 from looptune.errors import ConfigError
 from looptune.measure.metric import ACCURACY, VAL_LOSS, MetricSpec
@@ -151,7 +152,7 @@ def _text_info(*, data_dir: str | None = None, corpus: str = "pystdlib", context
             "corpus_bytes": found.num_bytes, "context": context}
 
 
-def _token_windows_dataset(stream, context: int, _data: ImageData):
+def _token_windows_dataset(stream, context: int, _data: ImageData, _decoder: str = "pil"):
     from looptune.data.text import TokenWindowDataset
 
     return TokenWindowDataset(stream, context, which="train")
@@ -217,9 +218,17 @@ WORKLOADS: dict[str, Workload] = {
         score=score_lm_loss, unit="windows", data_info=_text_info, check_data=_check_text,
         recipe_set="char-gpt",
         options={"corpus": "pystdlib", "context": 128, "max_bytes": 1 << 20}),
+    "jpeg-folder": Workload(
+        name="jpeg-folder",
+        description="a folder of JPEGs (DIR/train, DIR/test) read from disk, per-sample decode + "
+                    "RandomResizedCrop + flip + Normalize, ImageCNN at 32 x 32, Adam one-cycle",
+        build_model=ImageCNN, loss_fn=nn.CrossEntropyLoss(), load=image_workload.load_folders,
+        default_epochs=6, score=image_workload.score_folder, check_data=image_workload.check_folders,
+        data_info=image_workload.folder_info, recipe_set="jpeg-folder"),
 }
 # CLI aliases: `looptune bench mnist` names the dataset; the workload is the reference one.
-ALIASES = {"mnist": "mnist-mlp", "cnn": "mnist-cnn", "gpt": "char-gpt", "lm": "char-gpt"}
+ALIASES = {"mnist": "mnist-mlp", "cnn": "mnist-cnn", "gpt": "char-gpt", "lm": "char-gpt",
+           "images": "jpeg-folder", "jpeg": "jpeg-folder"}
 
 
 def get_workload(name: str) -> Workload:

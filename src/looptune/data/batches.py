@@ -39,9 +39,10 @@ class ImageData:
     mean: float | None = None  # per-pixel mean of the [0, 1]-scaled images, subtracted
     std: float | None = None  # per-pixel std of the [0, 1]-scaled images, divided by
     augment: BatchAugment | None = None  # random training transform (e.g. augment.RandomAffine)
-    # how the per-sample (seed/baseline) pipeline reads this data one sample at a time; None:
-    # PIL decode + Normalize for images with mean/std, else indexing the tensors
-    per_sample: Callable[[ImageData], Dataset] | None = None
+    # how the per-sample (seed/baseline) pipeline reads this data one sample at a time, given the
+    # recipe's loader.image_decoder (for files it decodes); None: PIL decode + Normalize for images
+    # with mean/std, else indexing the tensors
+    per_sample: Callable[[ImageData, str], Dataset] | None = None
 
     def __len__(self) -> int:
         return int(self.labels.shape[0])

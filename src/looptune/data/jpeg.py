@@ -34,8 +34,10 @@ from torch.utils.data import Dataset
 from looptune.data.image_folder import Samples
 from looptune.errors import ConfigError, DataError
 
-__all__ = ["DECODERS", "MEAN", "STD", "DecodeResize", "EpochSampler", "FolderDataset", "ResizedFolder", "crop_batch", "crop_box",
-           "decode_all", "decode_whole", "draw_crops", "keyed_crops", "normalize", "simplejpeg_missing"]
+__all__ = ["DECODERS", "MEAN", "STD", "DecodeResize", "EpochSampler", "FolderCrops", "FolderDataset", "FolderReader",
+           "ResizedFolder", "crop_batch", "crop_box", "crop_decoded", "decode_on", "gpu_decode_missing",
+           "decode_all", "decode_whole", "draw_crops", "keyed_crops", "normalize", "simplejpeg_missing", "sizes_of",
+           "with_sizes"]
 
 # the per-channel mean and std of ImageNet's pixels in [0, 1], as the tutorials' Normalize uses
 MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
@@ -404,3 +406,111 @@ def crop_batch(images: torch.Tensor, sizes: torch.Tensor, size: int, *,
     grid = F.affine_grid(theta.to(x), [len(images), 3, size, size], align_corners=False)
     out = F.grid_sample(x, grid, mode="bilinear", padding_mode="border", align_corners=False)
     return normalize(out)
+
+
+# ---- the jpeg-folder workload's two pipelines over the same files ---------------------------
+
+def with_sizes(images: torch.Tensor, sizes: torch.Tensor) -> torch.Tensor:
+    """``(N, 3, S, S)`` uint8 images and their originals' ``(N, 2)`` (width, height) -> ``(N, 4,
+    S, S)``: a fourth plane whose first four bytes hold width and height (big-endian, 16 bits
+    each), so the sizes travel with each sample through any loader (workers, pinned memory, the
+    device) to :class:`FolderCrops`, which draws the crops in the original's coordinates."""
+    if images.shape[-1] * images.shape[-2] < 4 or bool((sizes > 65535).any()):
+        raise ConfigError("with_sizes needs images of >= 4 pixels and sides <= 65535")
+    plane = torch.zeros(len(images), 1, *images.shape[2:], dtype=torch.uint8)
+    flat = plane.view(len(images), -1)
+    flat[:, 0], flat[:, 1] = sizes[:, 0] // 256, sizes[:, 0] % 256
+    flat[:, 2], flat[:, 3] = sizes[:, 1] // 256, sizes[:, 1] % 256
+    return torch.cat([images, plane], 1)
+
+
+def sizes_of(x: torch.Tensor) -> torch.Tensor:
+    """The (width, height) :func:`with_sizes` stored in ``x`` (B, 4, S, S), as int64 on the CPU."""
+    head = x[:, 3].reshape(len(x), -1)[:, :4].to("cpu", torch.int64)
+    return torch.stack([head[:, 0] * 256 + head[:, 1], head[:, 2] * 256 + head[:, 3]], 1)
+
+
+class FolderCrops:
+    """The per-sample pipeline's random resized crop + flip + ToTensor + Normalize, on whole
+    batches: ``batch(x)`` takes stored images with their sizes plane (:func:`with_sizes`, float
+    in pixel units, any device) and returns normalized ``(B, 3, size, size)``
+    (:func:`crop_batch`: one ``affine_grid`` + ``grid_sample``); ``per_sample()`` is the same draw
+    on one PIL image."""
+
+    def __init__(self, size: int, scale: tuple[float, float] = SCALE,
+                 generator: torch.Generator | None = None) -> None:
+        self.size, self.scale, self.generator = size, tuple(scale), generator
+
+    def batch(self, x: torch.Tensor) -> torch.Tensor:
+        return crop_batch(x[:, :3], sizes_of(x), self.size, scale=self.scale,
+                          generator=self.generator)
+
+    def per_sample(self):
+        def crop(img: Image.Image) -> Image.Image:
+            left, top, w, h = crop_box(*img.size, scale=self.scale)
+            out = img.resize((self.size, self.size), Image.BILINEAR,
+                             box=(left, top, left + w, top + h))
+            return out.transpose(Image.FLIP_LEFT_RIGHT) if torch.rand(1).item() < 0.5 else out
+        return crop
+
+
+class FolderReader:
+    """``per_sample(data, image_decoder) -> FolderDataset``: the workload's per-sample pipeline
+    over the files (picklable, for DataLoader workers), decoded as the recipe's
+    ``loader.image_decoder`` says: ``pil`` (full size), ``draft`` (JPEG draft mode), or
+    ``simplejpeg`` (libjpeg-turbo, at the draft's scale)."""
+
+    def __init__(self, samples: Samples, size: int, scale: tuple[float, float] = SCALE) -> None:
+        self.samples, self.size, self.scale = samples, size, tuple(scale)
+
+    def __call__(self, _data, image_decoder: str = "pil") -> FolderDataset:
+        if image_decoder not in ("pil", "draft", "simplejpeg"):
+            raise ConfigError(f"image_decoder={image_decoder!r}: allowed pil, draft, simplejpeg")
+        return FolderDataset(self.samples, self.size, scale=self.scale,
+                             draft=image_decoder != "pil",
+                             decoder="simplejpeg" if image_decoder == "simplejpeg" else "pil")
+
+
+# ---- decoding on the GPU (DALI's approach; torchvision.io.decode_jpeg on CUDA: nvJPEG) --------
+
+def gpu_decode_missing(device: torch.device | str) -> str | None:
+    """Why JPEGs cannot be decoded on ``device`` here, or None."""
+    dev = torch.device(device)
+    if dev.type != "cuda":
+        return (f"decoding on the GPU needs a CUDA device (got {dev}): nvJPEG through "
+                "torchvision.io.decode_jpeg(device='cuda'); on this machine the CPU decodes")
+    if not torch.cuda.is_available():
+        return "decoding on the GPU needs CUDA: torch.cuda.is_available() is False here"
+    try:
+        from torchvision import io as tvio
+
+        tvio.decode_jpeg  # noqa: B018 - an old torchvision has no batched GPU decode
+    except Exception as err:  # noqa: BLE001 - a torchvision built for another torch fails oddly
+        return (f"decoding on the GPU needs torchvision.io.decode_jpeg ({type(err).__name__}: "
+                f"{err}); install the torchvision built for this torch (pip install "
+                "'looptune[vision]')")
+    return None
+
+
+def decode_on(datas: Sequence[torch.Tensor], device: torch.device | str) -> list[torch.Tensor]:
+    """Encoded JPEGs (1-D uint8 tensors of each file's bytes) -> decoded RGB uint8 ``(3, H, W)``
+    on ``device``, the whole batch in one call (nvJPEG's batched decode on CUDA)."""
+    from torchvision.io import ImageReadMode, decode_jpeg
+
+    return decode_jpeg(list(datas), mode=ImageReadMode.RGB, device=torch.device(device))
+
+
+def crop_decoded(images: Sequence[torch.Tensor], boxes: torch.Tensor, flips: torch.Tensor,
+                 size: int) -> torch.Tensor:
+    """Decoded uint8 ``(3, H, W)`` images of any sizes, on their device -> each one's crop
+    ``boxes[i]`` (left, top, width, height in its pixels) resized to ``size`` x ``size``
+    (bilinear with antialiasing, as PIL's resize filters a reduction), mirrored where ``flips``,
+    scaled and normalized: float32 ``(B, 3, size, size)``, the per-sample pipeline's output."""
+    out = []
+    for img, (left, top, w, h), mirror in zip(images, boxes.round().long().tolist(),
+                                              flips.tolist()):
+        crop = img[None, :, top:top + h, left:left + w].float()
+        crop = F.interpolate(crop, size=(size, size), mode="bilinear", antialias=True,
+                             align_corners=False)
+        out.append(crop.flip(-1) if mirror else crop)
+    return normalize(torch.cat(out).div_(255))

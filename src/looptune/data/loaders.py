@@ -66,11 +66,15 @@ __all__ = [
     "transform_kind",
 ]
 
-def per_sample_dataset(data: ImageData) -> Dataset:
-    """How the per-sample (seed/baseline) pipeline reads ``data``: the workload's own reader, the
-    reference's PIL decode + Normalize for images, else indexing the tensors."""
+def per_sample_dataset(data: ImageData, image_decoder: str = "pil") -> Dataset:
+    """How the per-sample (seed/baseline) pipeline reads ``data``: the workload's own reader (with
+    the recipe's ``loader.image_decoder``, for one that decodes files), the reference's PIL decode
+    + Normalize for images, else indexing the tensors."""
     if data.per_sample is not None:
-        return data.per_sample(data)
+        return data.per_sample(data, image_decoder)
+    if image_decoder != "pil":
+        raise ConfigError(f"loader.image_decoder={image_decoder!r}: this workload's data is in "
+                          "memory, not image files to decode. Use image_decoder='pil'.")
     if data.mean is not None:
         return PerSampleImages(data)
     return TensorDataset(data.images, data.labels)
@@ -148,7 +152,7 @@ def _build_dataloader(cfg: LoaderConfig, data: ImageData | Dataset, seed: int, r
         # ImageData: the reference's PIL decode per sample; any other Dataset: its own __getitem__
         per_sample = data.dataset if isinstance(data, BatchedData) else data
         if isinstance(data, ImageData):
-            per_sample = per_sample_dataset(data)
+            per_sample = per_sample_dataset(data, cfg.image_decoder)
         sampler = EpochSampler(n=len(data), seed=seed, batch_size=cfg.batch_size,
                                drop_last=cfg.drop_last, rank=rank, world=world)
         return DataLoader(Traced(per_sample, cfg.num_workers), batch_size=cfg.batch_size,

@@ -8,7 +8,7 @@ from __future__ import annotations
 import difflib
 
 from looptune.errors import ConfigError
-from looptune.presets import cnn, lm
+from looptune.presets import cnn, images, lm
 from looptune.presets.mnist import DEFAULT_BENCH, RECIPES
 from looptune.presets.preset import Preset
 from looptune.recipe import Recipe
@@ -21,6 +21,7 @@ REGISTRIES: dict[str, tuple[dict[str, Recipe | Preset], tuple[str, ...]]] = {
     "mnist-mlp": (RECIPES, DEFAULT_BENCH),
     "mnist-cnn": (cnn.RECIPES, cnn.DEFAULT_BENCH),
     "char-gpt": (lm.RECIPES, lm.DEFAULT_BENCH),
+    "jpeg-folder": (images.RECIPES, images.DEFAULT_BENCH),
 }
 _DEFAULT_WORKLOAD = "mnist-mlp"
 

@@ -38,12 +38,11 @@ import shutil
 import struct
 import tarfile
 import tempfile
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-import torch
 from torch.utils.data import Dataset, IterableDataset, get_worker_info
 
 from looptune._io import atomic_write_text, fsync_dir
