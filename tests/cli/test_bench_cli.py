@@ -182,3 +182,59 @@ def test_interrupted_run_exits_with_128_plus_signal(monkeypatch, capsys, mnist_d
     monkeypatch.setattr(bench_cmd, "bench", interrupted)
     code = main(["bench", "mnist", "--recipes", "device", "--data", str(mnist_dir)])
     assert code == 143 and "stopped by signal 15" in capsys.readouterr().err
+
+
+@pytest.fixture
+def no_mnist_anywhere(monkeypatch, tmp_path):
+    """No --data, no LOOPTUNE_DATA, an empty user cache."""
+    monkeypatch.delenv(mnist.ENV_VAR, raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    mnist.clear_cache()
+    return tmp_path / "cache" / "looptune" / "mnist"
+
+
+def test_without_data_bench_mnist_downloads_it_verified_and_goes_on(mnist_dir, no_mnist_anywhere,
+                                                                   monkeypatch, capsys):
+    """issue 34: online, the main job just works: MNIST fetched into the user cache (here from a
+    mirror on the loopback address serving the real files), then the run starts."""
+    import functools
+    import http.server
+    import threading
+
+    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(mnist_dir))
+    handler.log_message = lambda *a: None
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    monkeypatch.setattr(mnist, "DEFAULT_MIRRORS", (f"http://127.0.0.1:{server.server_port}/",))
+    started = []
+    monkeypatch.setattr(bench_cmd, "bench", lambda **kw: started.append(kw) or (_ for _ in ()).throw(
+        KeyboardInterrupt))
+    try:
+        # the run started: stopped there (the CLI's Ctrl-C path: exit 130)
+        assert main(["bench", "mnist", "--epochs", "1", "--recipes", "device"]) == 130
+    finally:
+        server.shutdown()
+    err = capsys.readouterr().err
+    assert f"downloading it into {no_mnist_anywhere}" in err
+    assert f"MNIST downloaded and verified in {no_mnist_anywhere}" in err
+    assert sorted(p.name for p in no_mnist_anywhere.glob("*.gz")) == sorted(
+        f"{n}.gz" for n in mnist.NAMES)
+    assert started and started[0]["data_dir"] is None
+
+
+def test_offline_without_data_the_error_names_every_fix(no_mnist_anywhere, monkeypatch, capsys):
+    monkeypatch.setattr(mnist, "DEFAULT_MIRRORS", ("http://127.0.0.1:9/",))  # nothing listens
+    code, err = _run(capsys, "--epochs", "1")
+    assert code == 2 and "could not be downloaded" in err
+    for fix in ("--data DIR", "LOOPTUNE_DATA=DIR", "looptune data mnist --download"):
+        assert fix in err
+    assert not list(no_mnist_anywhere.glob("*.gz"))  # nothing partial left
+
+
+def test_a_wrong_looptune_data_is_an_error_not_a_download(monkeypatch, tmp_path, capsys):
+    monkeypatch.setenv(mnist.ENV_VAR, str(tmp_path / "nowhere"))
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    monkeypatch.setattr(mnist, "DEFAULT_MIRRORS", ("http://127.0.0.1:9/",))
+    mnist.clear_cache()
+    code, err = _run(capsys, "--epochs", "1")
+    assert code == 2 and "MNIST files not found" in err and "downloading" not in err

@@ -132,6 +132,9 @@ def _preflight(args: argparse.Namespace) -> tuple[list[Recipe], RunOptions]:
     if args.json is not None:
         problems += [p for p in [writable_problem(args.json, "--json")] if p]
     problems += report_problems(args.report)
+    if (known and not problems and args.data is None and env_world_size() == 1
+            and workload.name in ("mnist-mlp", "mnist-cnn")):
+        _fetch_mnist_if_missing()  # a user online expects `looptune bench mnist` to just work
     if known:
         try:  # the data last: it may read a corpus or hash the MNIST files
             train_size = workload.check_data(data_dir=args.data, **wl_options)
@@ -143,6 +146,33 @@ def _preflight(args: argparse.Namespace) -> tuple[list[Recipe], RunOptions]:
     if problems:
         raise ConfigError(problems)
     return recipes, options
+
+
+def _fetch_mnist_if_missing() -> None:
+    """No --data and no MNIST in $LOOPTUNE_DATA or the user cache: download it into the cache
+    (every file verified by SHA-256, with progress bars), say where, and go on. Offline, the
+    error names every way to give it the data."""
+    from looptune.cli.data import _progress_bars
+
+    try:
+        mnist.locate(None)
+        return
+    except DataError as missing:
+        if os.environ.get(mnist.ENV_VAR):  # the user pointed somewhere: no silent download
+            raise ConfigError(str(missing)) from None
+    err = Console(stderr=True, soft_wrap=True)
+    err.print(f"MNIST was not found (no --data, {mnist.ENV_VAR} unset, nothing in the user "
+              f"cache): downloading it into {mnist.cache_dir()} (about 11 MB, each file checked "
+              "by SHA-256)", highlight=False, markup=False)
+    try:
+        with _progress_bars() as report:
+            folder = mnist.download(mnist.cache_dir(), mirrors=mnist.DEFAULT_MIRRORS, progress=report)
+    except DataError as failed:
+        raise ConfigError(
+            f"MNIST was not found and could not be downloaded ({failed}). Fix: pass --data DIR "
+            f"with the four files, set {mnist.ENV_VAR}=DIR, or run `looptune data mnist "
+            "--download` where the internet is reachable.") from None
+    err.print(f"MNIST downloaded and verified in {folder}", highlight=False, markup=False)
 
 
 def _schedule_problems(recipes, workload, options, train_size: int, args) -> list[str]:
