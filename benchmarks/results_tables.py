@@ -1,0 +1,47 @@
+"""Render the results table of every bench record in benchmarks/results/ (the JSON `looptune bench
+--json` writes) as Markdown, as docs/results.md shows them: the tables there are copied from this
+output, and tests/test_docs.py checks that they still match their records.
+
+    python benchmarks/results_tables.py                 # every record
+    python benchmarks/results_tables.py FILE.json ...   # some
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+from looptune.report import bench_sections
+from looptune.report.document import to_markdown
+
+RECORDS = Path(__file__).resolve().parent / "results"
+
+
+def table(path: Path) -> str:
+    """The first Markdown table of the record's bench report (its results table)."""
+    markdown = to_markdown(bench_sections.build(json.loads(path.read_text())))
+    lines, rows = markdown.splitlines(), []
+    for line in lines:
+        if line.startswith("|"):
+            rows.append(line)
+        elif rows:
+            break
+    return "\n".join(rows)
+
+
+def bench_records() -> list[Path]:
+    """The bench records (``"kind": "bench"``) among benchmarks/results/*.json."""
+    return [p for p in sorted(RECORDS.glob("*.json"))
+            if json.loads(p.read_text()).get("kind") == "bench"]
+
+
+def main(argv: list[str]) -> int:
+    paths = [Path(a) for a in argv] or bench_records()
+    for path in paths:
+        print(f"<!-- {path.name} -->\n{table(path)}\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

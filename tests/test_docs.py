@@ -1,0 +1,171 @@
+"""The documentation cannot drift from the code (issue 34): every `looptune ...` command shown in
+README.md and docs/ parses with the CLI's own parser (flag names, choices, sub-commands), every
+Python block compiles, every relative link resolves, the README stays short, and the MkDocs site
+builds with --strict (a broken link or a missing page fails)."""
+
+from __future__ import annotations
+
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from looptune.cli import diagnose as diagnose_cmd
+from looptune.cli.main import build_parser
+
+ROOT = Path(__file__).resolve().parents[1]
+PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
+FENCE = re.compile(r"^```(\w*)\s*\n(.*?)^```", re.M | re.S)
+LINK = re.compile(r"!?\[[^\]]*\]\(([^)\s]+)\)")
+
+
+def _blocks(page: Path, languages: tuple[str, ...]):
+    text = page.read_text()
+    for m in FENCE.finditer(text):
+        if m.group(1) in languages:
+            yield text[:m.start()].count("\n") + 2, m.group(2)
+
+
+def _commands(page: Path):
+    """(line, argv) of every looptune command in the page's shell blocks (continuations joined,
+    comments dropped, `&&` chains split, `VAR=value` prefixes and `python -m looptune` allowed)."""
+    for first, block in _blocks(page, ("bash", "sh", "console", "")):
+        joined = re.sub(r"\\\n", " ", block)
+        for offset, line in enumerate(joined.splitlines()):
+            code = line.split(" #")[0].strip()
+            for part in code.split("&&"):
+                try:
+                    words = shlex.split(part, comments=True)
+                except ValueError:  # not shell (an output line with a quote in it)
+                    continue
+                while words and re.fullmatch(r"[A-Z_]+=\S*", words[0]):
+                    words = words[1:]
+                if words[:3] == ["python", "-m", "looptune"]:
+                    words = ["looptune", *words[3:]]
+                if words[:1] == ["looptune"] and words[1:] != ["..."]:  # "..." : any command
+                    yield first + offset, words[1:]
+
+
+def _all_commands():
+    return [(page, line, argv) for page in PAGES for line, argv in _commands(page)]
+
+
+def _exact(parser):
+    """The CLI's parser, every sub-parser refusing abbreviated flags (``--epoch`` for
+    ``--epochs``): a page must show the flag as it is."""
+    import argparse
+
+    parser.allow_abbrev = False
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in action.choices.values():
+                _exact(sub)
+    return parser
+
+
+def test_the_pages_show_commands_at_all():
+    found = _all_commands()
+    assert len(found) > 40
+    assert any(argv[:2] == ["bench", "mnist"] for page, _, argv in found if page.name == "README.md")
+
+
+@pytest.mark.parametrize("page, line, argv", _all_commands(),
+                         ids=lambda v: v.name if isinstance(v, Path) else str(v)[:40])
+def test_every_command_shown_parses_with_the_cli(page, line, argv, capsys):
+    parser = _exact(build_parser())
+    if argv[:1] == ["diagnose"]:
+        argv = diagnose_cmd.split_argv(argv)  # as main() does: the script's options are its own
+    try:
+        parser.parse_args(argv)
+    except SystemExit as exit_:
+        err = capsys.readouterr().err.strip().splitlines()
+        pytest.fail(f"{page.relative_to(ROOT)}:{line}: `looptune {' '.join(argv)}` does not parse "
+                    f"(exit {exit_.code}): {err[-1] if err else ''}")
+
+
+def test_the_parser_check_catches_a_drifted_flag(capsys):
+    with pytest.raises(SystemExit):  # what the test above relies on
+        _exact(build_parser()).parse_args(["bench", "mnist", "--epoch", "1"])
+    with pytest.raises(SystemExit):
+        _exact(build_parser()).parse_args(["pack", "--format", "parquet", "x"])
+    _exact(build_parser()).parse_args(["bench", "mnist", "--epochs", "1"])
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: str(p.relative_to(ROOT)))
+def test_python_blocks_compile(page):
+    for line, block in _blocks(page, ("python",)):
+        try:
+            compile(block, f"{page.name}:{line}", "exec")
+        except SyntaxError as err:
+            pytest.fail(f"{page.relative_to(ROOT)}:{line}: a Python block does not compile: {err}")
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: str(p.relative_to(ROOT)))
+def test_relative_links_resolve(page):
+    text = FENCE.sub("", page.read_text())
+    for target in LINK.findall(text):
+        if re.match(r"[a-z]+:", target) or target.startswith("#"):
+            continue
+        path = (page.parent / target.split("#")[0]).resolve()
+        assert path.exists(), f"{page.relative_to(ROOT)}: link {target!r} points at nothing"
+        if page.parent == ROOT / "docs" or ROOT / "docs" in page.parents:
+            assert ROOT / "docs" in path.parents, (
+                f"{page.relative_to(ROOT)}: link {target!r} leaves docs/ (the site cannot "
+                "follow it): name the file as `code` instead")
+
+
+def test_the_readme_is_short_and_names_no_machine_of_ours():
+    text = (ROOT / "README.md").read_text()
+    assert len(text.splitlines()) <= 200
+    assert "../shared" not in text  # a path that exists only on our machines
+    for dated in ("this session", "evening", "previous machine", "today"):
+        assert dated not in text, dated
+    head = "\n".join(text.splitlines()[:60])
+    assert "pip install" in text and "## Set up" in text and "## Results" in head
+
+
+def test_the_readme_install_line_is_what_ci_installs():
+    readme = (ROOT / "README.md").read_text()
+    ci = (ROOT / ".ci" / "run").read_text()
+    extras = re.search(r"pip install torch==2\.13\.0 -e '\.\[([^\]]+)\]'", readme).group(1)
+    installed = re.search(r"-e '\.\[([^\]]+)\]'", ci).group(1)
+    assert set(extras.split(",")) <= set(installed.split(",")), (extras, installed)
+
+
+def test_the_site_builds_strict(tmp_path):
+    if shutil.which("mkdocs") is None and not _has_module("mkdocs"):
+        pytest.skip("mkdocs is not installed (pip install -e '.[docs]'; CI installs it)")
+    proc = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "-q", "-d",
+                           str(tmp_path / "site"), "-f", str(ROOT / "mkdocs.yml")],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert (tmp_path / "site" / "diagnose" / "index.html").is_file()
+
+
+def _has_module(name: str) -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec(name) is not None
+
+
+def test_the_results_tables_are_rendered_from_their_records():
+    """docs/results.md shows each bench record of benchmarks/results/ as
+    benchmarks/results_tables.py renders it: a table edited by hand, or a record replaced
+    without its table, fails."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        import results_tables
+    finally:
+        sys.path.pop(0)
+    page = (ROOT / "docs" / "results.md").read_text()
+    records = results_tables.bench_records()
+    assert len(records) >= 2
+    for record in records:
+        table = results_tables.table(record)
+        assert table.count("\n") >= 3 and table in page, (
+            f"docs/results.md lacks the table of {record.name}: paste the output of "
+            f"python benchmarks/results_tables.py {record.relative_to(ROOT)}")
