@@ -152,3 +152,40 @@ def test_the_input_chain_is_a_section_of_the_page_and_lines_in_the_terminal(rend
     text = console.export_text()
     assert "data cause: storage: storage 3.500 ms, decode 1.500 ms" in text
     assert "not seen: no /proc here" in text
+
+
+def test_loader_trials_with_loss_parity_keep_the_loss_out_of_their_settings(render, samples,
+                                                                           monkeypatch):
+    # tune loader with a training step records each trial's mean loss and (after the first) its
+    # parity with the first: measurements, not settings (they once made every trial's label
+    # "num_workers=0, loss=2.306707931287361", dropped the workers plot and the highlight)
+    from looptune.report import tune_sections
+
+    data = samples["tune-loader"]
+    data["recommended"]["pin_memory"] = False  # no GPU: decided without a trial of its own
+    for i, trial in enumerate(data["trials"]):
+        trial["loss"] = 2.3067079 + i * 1e-4
+        if i:
+            trial["loss_parity"] = i != 3
+    drawn = []
+    real = tune_sections.plots.hbars
+    monkeypatch.setattr(tune_sections.plots, "hbars",
+                        lambda bars, **kw: drawn.append(bars) or real(bars, **kw))
+    out, written = render(data)
+    (bars,) = drawn
+    # the recommendation (pin_memory=False, batched reads: the defaults) ran in these two trials
+    assert [b.label for b in bars if b.highlight] == ["num_workers=0",
+                                                       "num_workers=0, batched=True"]
+    assert {p.name for p in written if p.suffix == ".png"} == {"workers.png", "trials.png"}
+    page, md = (out / "report.html").read_text(), (out / "report.md").read_text()
+    assert "loss=" not in page and "loss_parity" not in page
+    assert "| settings | samples/s | loss | loss parity | status | reason |" in md
+    assert "| num_workers=0 | 9,068 | 2.307 | baseline | ok |" in md
+    assert "| num_workers=0, batched=False | 4,000 | 2.307 | no | ok |" in md
+
+
+def test_html_tables_sit_in_a_box_that_scrolls_not_the_page(render, samples):
+    out, _ = render(samples["tune-batch-size"])
+    page = (out / "report.html").read_text()
+    assert page.count('<div class="table-wrap"><table>') == page.count("<table>") >= 2
+    assert ".table-wrap { overflow-x: auto;" in page

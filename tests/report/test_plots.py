@@ -88,3 +88,29 @@ def test_missing_matplotlib_names_the_extra(monkeypatch):
     monkeypatch.setattr(plots.importlib.util, "find_spec", lambda name: None)
     with pytest.raises(ConfigError, match=r"pip install 'looptune\[plot\]'"):
         plots.require_matplotlib()
+
+
+def test_close_ticks_on_a_log_axis_keep_their_marks_but_not_overlapping_labels():
+    # every batch size measured gets a tick; 768, 1,024, 1,536 and 2,048 sit too close on a
+    # log2 axis for all four labels: the ends and the powers of two keep theirs
+    sizes = [1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 768, 1024, 1536, 2048]
+    fig = plots.lines_figure([plots.Series(label="samples/s", x=sizes, y=[float(s) for s in sizes],
+                                           marks=[(768, 768.0, "chosen: 768")])],
+                             title="t", xlabel="batch size", ylabel="samples/s", logx=2,
+                             xticks=sizes)
+    fig.canvas.draw()
+    renderer = fig.canvas.get_renderer()
+    ax = fig.axes[0]
+    labels = [t for t in ax.get_xticklabels() if t.get_text()]
+    assert not _overlaps([t.get_window_extent(renderer) for t in labels])
+    shown = [t.get_text() for t in labels]
+    assert shown[0] == "1" and shown[-1] == "2,048" and "1,024" in shown and "512" in shown
+    marked = sorted([*ax.xaxis.get_majorticklocs(), *ax.xaxis.get_minorticklocs()])
+    assert marked == sizes  # a tick at every size measured, labelled or not
+
+
+def test_spaced_ticks_keep_every_label_that_fits():
+    fig = plots.lines_figure([plots.Series(label="s", x=[64, 128, 256], y=[1.0, 2.0, 3.0])],
+                             title="t", xlabel="x", ylabel="y", logx=2, xticks=[64, 128, 256])
+    fig.canvas.draw()
+    assert [t.get_text() for t in fig.axes[0].get_xticklabels()] == ["64", "128", "256"]

@@ -99,18 +99,21 @@ def to_markdown(doc: Document) -> str:
 _CSS = """
 body { font: 15px/1.5 system-ui, -apple-system, "Segoe UI", Roboto, sans-serif; color: #1b1b1b;
        max-width: 1000px; margin: 2em auto; padding: 0 1.2em; background: #fff; }
-h1 { font-size: 1.7em; margin-bottom: 0.1em; }
+h1 { font-size: 1.7em; margin-bottom: 0.1em; overflow-wrap: anywhere; }
 h2 { font-size: 1.25em; border-bottom: 1px solid #ccc; padding-bottom: 0.2em; margin-top: 2em; }
 .subtitle { color: #555; margin-top: 0; }
 .callout { border-left: 5px solid #0b2545; background: #f2f5f9; padding: 0.6em 1em;
            font-weight: 600; margin: 1em 0; }
-table { border-collapse: collapse; margin: 0.8em 0; font-size: 0.92em; }
-th, td { border: 1px solid #d0d0d0; padding: 0.25em 0.6em; vertical-align: top; }
+p, li, figcaption { overflow-wrap: anywhere; }
+.table-wrap { overflow-x: auto; margin: 0.8em 0; }
+table { border-collapse: collapse; font-size: 0.9em; }
+th, td { border: 1px solid #d0d0d0; padding: 0.25em 0.45em; vertical-align: top; }
 th { background: #f0f0f0; text-align: left; }
-td.num, th.num { text-align: right; font-variant-numeric: tabular-nums; }
+td { overflow-wrap: break-word; }
+td.num, th.num { text-align: right; font-variant-numeric: tabular-nums; overflow-wrap: normal; }
 tr:nth-child(even) td { background: #fafafa; }
 figure { margin: 1.2em 0; }
-figure img { max-width: 100%; height: auto; border: 1px solid #e4e4e4; }
+figure img { box-sizing: border-box; max-width: 100%; height: auto; border: 1px solid #e4e4e4; }
 figcaption { color: #444; font-size: 0.9em; margin-top: 0.3em; }
 li { margin: 0.2em 0; }
 """
@@ -127,7 +130,10 @@ def _html_table(t: Table) -> str:
     head = "".join(f"<th{cls(i)}>{_esc(c)}</th>" for i, c in enumerate(t.header))
     body = "".join("<tr>" + "".join(f"<td{cls(i)}>{_esc(c)}</td>" for i, c in enumerate(row))
                    + "</tr>" for row in t.rows)
-    return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+    # in a box of the text column's width: a table too wide for a narrow window scrolls in it
+    # rather than the whole page sideways
+    return (f'<div class="table-wrap"><table><thead><tr>{head}</tr></thead><tbody>{body}'
+            "</tbody></table></div>")
 
 
 def _html_block(block: Block) -> str:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import importlib.util
 import io
+import math
 import textwrap
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
@@ -232,10 +233,7 @@ def lines_figure(series: Sequence[Series], *, title: str, xlabel: str, ylabel: s
                    linewidth=1.1, label=label)
     _axes_text(ax, title, xlabel, ylabel, logx, integer_x, ylim0)
     if xticks is not None:
-        from matplotlib.ticker import NullLocator
-
-        ax.set_xticks(sorted(set(xticks)))
-        ax.xaxis.set_minor_locator(NullLocator())
+        _spaced_xticks(fig, ax, sorted(set(xticks)), logx)
     if ylim0 and any(s.marks for s in series):  # headroom: a mark's note stays under the title
         ys = [y for s in series for y in s.y] + [y for y, _ in hlines]
         ax.set_ylim(top=1.18 * max(ys, default=1.0))
@@ -245,6 +243,36 @@ def lines_figure(series: Sequence[Series], *, title: str, xlabel: str, ylabel: s
     if len(handles) > 1 or (handles and (hlines or spans or areas)):
         fig.legend(loc="outside right upper")
     return fig
+
+
+def _spaced_xticks(fig: Any, ax: Any, ticks: list[float], logx: float | None) -> None:
+    """A tick at each x; a label at those whose labels do not touch a neighbour's (close values
+    on a log axis, e.g. 768, 1,024, 1,536, 2,048, would print over each other): the first and
+    last first, then powers of the log base, then the rest from the left. The others keep a short
+    unlabelled tick."""
+    from matplotlib.ticker import FixedLocator, NullLocator
+
+    ax.set_xticks(ticks)
+    ax.xaxis.set_minor_locator(NullLocator())
+    fig.canvas.draw()
+    renderer = fig.canvas.get_renderer()
+    spans = {x: (box.x0 - 4, box.x1 + 4) for x, box in zip(
+        ax.xaxis.get_majorticklocs(), (t.get_window_extent(renderer)
+                                        for t in ax.xaxis.get_majorticklabels()))}
+
+    def rank(i: int) -> tuple[int, int]:
+        x = ticks[i]
+        power = bool(logx) and x > 0 and math.isclose(
+            round(math.log(x, logx)), math.log(x, logx), abs_tol=1e-9)
+        return (0 if i in (0, len(ticks) - 1) else 1 if power else 2), i
+
+    kept: list[float] = []
+    for i in sorted(range(len(ticks)), key=rank):
+        a0, a1 = spans.get(ticks[i], (0.0, 0.0))
+        if all(a1 < spans[k][0] or spans[k][1] < a0 for k in kept if k in spans):
+            kept.append(ticks[i])
+    ax.set_xticks(sorted(kept))
+    ax.xaxis.set_minor_locator(FixedLocator([x for x in ticks if x not in kept]))
 
 
 def _marks(ax: Any, s: Series) -> None:

@@ -16,10 +16,11 @@ _FIX = "pip install 'looptune[tensorboard]'"
 def tensorboard_problem(log_dir: str | os.PathLike) -> str | None:
     """Why ``--tensorboard log_dir`` cannot work here (None when it can), before any run."""
     try:
-        from torch.utils.tensorboard import SummaryWriter  # noqa: F401 - needs `tensorboard`
+        from torch.utils.tensorboard import SummaryWriter  # needs the `tensorboard` package
     except ImportError as err:
         return (f"--tensorboard {str(log_dir)!r} needs the tensorboard package ({err}); "
                 f"install it: {_FIX}, or drop --tensorboard.")
+    del SummaryWriter  # imported only to see that it imports
     path = Path(log_dir)
     parent = path if path.exists() else path.parent
     if path.is_file() or not parent.exists() or not os.access(parent, os.W_OK):

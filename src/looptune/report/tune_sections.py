@@ -11,7 +11,9 @@ from looptune.report.document import Callout, Document, Figure, Section, Table
 
 __all__ = ["build_batch", "build_loader", "build_pack"]
 
-_RESULT_KEYS = {"samples_per_s", "status", "reason", "phase"}
+# what a trial measured, not the settings it tried (tune loader's trials also carry the mean
+# training loss and its parity with the first trial's: they are columns, not settings)
+_RESULT_KEYS = {"samples_per_s", "status", "reason", "phase", "loss", "loss_parity"}
 _MEM_KIND = {"cpu_tensor_estimate": "tensor bytes of one step (params, grads, batch, saved "
                                     "activations; an estimate)",
              "cuda_max_allocated": "peak CUDA memory allocated by tensors"}
@@ -36,16 +38,28 @@ def build_loader(data: dict[str, Any]) -> Document:
     mode = "with a training step" if data.get("end_to_end") else "loading only"
     blocks: list[Any] = [Callout(f"use: {data['line']}"), decisions_table(data["decisions"])]
     blocks += _workers_figure(trials, recommended, mode)
-    blocks += _trials_figure(trials, recommended, mode)
-    rows = [[_label(_settings(t)), _rate(t["samples_per_s"]), t["status"], t.get("reason", "")]
-            for t in trials]
+    final = {**recommended, **({"intra_op_threads": data["threads"]} if data.get("threads")
+                               else {})}
+    blocks += _trials_figure(trials, final, mode)
+    losses = any("loss" in t for t in trials)
+    rows = [[_label(_settings(t)), _rate(t["samples_per_s"])]
+            + ([fmt(t.get("loss")), _parity(t)] if losses else [])
+            + [t["status"], t.get("reason", "")] for t in trials]
+    header = ["settings", "samples/s"] + (["loss", "loss parity"] if losses else []) + [
+        "status", "reason"]
     subtitle = (f"{len(trials)} settings measured in {data.get('elapsed_s', 0.0):.1f} s, {mode}"
                 + (f", batch {data['batch_size']}" if data.get("batch_size") else ""))
     return Document("looptune tune loader", subtitle, [
         Section("Recommendation and decisions", blocks),
-        Section("Every trial", [Table(["settings", "samples/s", "status", "reason"], rows,
-                                      right={1})]),
+        Section("Every trial", [Table(header, rows, right={1, 2} if losses else {1})]),
         provenance_section(data.get("provenance"))])
+
+
+def _parity(trial: dict[str, Any]) -> str:
+    """The loss parity cell: the first trial is the baseline the others are held to."""
+    if "loss_parity" not in trial:
+        return "baseline" if "loss" in trial else "n/a"
+    return fmt(trial["loss_parity"])
 
 
 def _workers_figure(trials: list[dict], recommended: dict, mode: str) -> list[Any]:
@@ -67,10 +81,9 @@ def _workers_figure(trials: list[dict], recommended: dict, mode: str) -> list[An
     return [Figure(name="workers.png", alt="samples per second against num_workers", caption=caption, png=png)]
 
 
-def _trials_figure(trials: list[dict], recommended: dict, mode: str) -> list[Any]:
+def _trials_figure(trials: list[dict], final: dict, mode: str) -> list[Any]:
     if all(set(_settings(t)) == {"num_workers"} for t in trials):
         return []  # the workers plot shows them all
-    final = dict(recommended)
     bars = [plots.Bar(label=_label(_settings(t)), value=t["samples_per_s"] or 0.0, note=_rate(t["samples_per_s"]),
                       highlight=_is_final(_settings(t), final)) for t in trials]
     png = plots.hbars(bars, title=f"Throughput of every setting tried ({mode})",
@@ -79,8 +92,16 @@ def _trials_figure(trials: list[dict], recommended: dict, mode: str) -> list[Any
                    caption="Every trial in the order measured; failed ones show 0.", png=png)]
 
 
+# what a trial that does not name a setting ran with (looptune.tune.loader's defaults): a
+# recommendation of pin_memory=False (no GPU) is the trial that left it out
+_LOADER_DEFAULTS = {"prefetch_factor": 2, "persistent_workers": False, "pin_memory": False,
+                    "batched": True}
+
+
 def _is_final(settings: dict[str, Any], final: dict[str, Any]) -> bool:
-    defaults = {"batched": True}
+    """Whether the trial of these settings ran what was recommended (``final``: the
+    recommendation, with its intra-op threads when it has some)."""
+    defaults = _LOADER_DEFAULTS
     return all(settings.get(k, defaults.get(k)) == v for k, v in final.items()) and \
         all(final.get(k, defaults.get(k)) == v for k, v in settings.items())
 
