@@ -175,3 +175,13 @@ def test_the_results_tables_are_rendered_from_their_records():
         assert table.count("\n") >= 3 and table in page, (
             f"docs/results.md lacks the table of {record.name}: paste the output of "
             f"python benchmarks/results_tables.py {record.relative_to(ROOT)}")
+
+
+def test_every_built_in_recipe_is_in_the_recipes_page():
+    from looptune.presets import REGISTRIES
+
+    page = (ROOT / "docs" / "recipes.md").read_text()
+    for workload, (recipes, _) in REGISTRIES.items():
+        assert f"`{workload}`" in page or workload == "mnist-mlp", workload
+        for name in recipes:
+            assert f"`{name}`" in page, f"docs/recipes.md does not describe {workload}'s {name}"
