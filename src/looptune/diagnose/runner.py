@@ -446,6 +446,13 @@ class watch:
         probes = getattr(self, "_probes", None)
         return 0 if probes is None else probes.steps
 
+    @property
+    def steps_measured(self) -> int:
+        """Steps measured so far: after the warm-up, the FLOP-counted step and, on CUDA or with
+        a trace, the profiler window's steps (0 before the measurement starts)."""
+        first = getattr(getattr(self, "_schedule", None), "first_measured", None)
+        return 0 if first is None else self.steps_seen - first
+
     def __enter__(self) -> Self:
         device = torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
         self._schedule = MeasurementWindow(warmup=self.warmup, steps=self.steps or UNBOUNDED,

@@ -22,9 +22,9 @@ def missing_extra(package: str, extra: str, err: ImportError) -> ImportError:
 
 class FitWatch:
     """``looptune.watch()`` driven by a framework's fit-loop hooks: ``start`` when training
-    begins, ``after_step`` after each optimizer step, ``finish`` when training ends (or after
-    ``warmup + 1 + steps`` steps: the step after the warm-up runs under the FLOP counter and is
-    not timed), ``abort`` on an exception. The probes then come off; training goes on untouched.
+    begins, ``after_step`` after each optimizer step, ``finish`` when training ends (or once
+    ``steps`` steps were measured: after the warm-up, one step under the FLOP counter and, on
+    CUDA, the profiler window's steps, none of them timed), ``abort`` on an exception. The probes then come off; training goes on untouched.
 
     Step boundaries come from torch's optimizer step hook (frameworks call ``optimizer.step``,
     often with a closure that runs forward and backward inside it) and data waits from the
@@ -58,7 +58,8 @@ class FitWatch:
             self._watch.record_loader(loader)
 
     def after_step(self) -> None:
-        if self._watch is not None and self._watch.steps_seen >= self.warmup + 1 + self.steps:
+        # counted from where the measurement began: on CUDA the profiler's steps come first
+        if self._watch is not None and self._watch.steps_measured >= self.steps:
             self.finish()
 
     def abort(self) -> None:
