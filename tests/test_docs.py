@@ -160,9 +160,9 @@ def _has_module(name: str) -> bool:
 
 def test_the_results_tables_are_rendered_from_their_records():
     """docs/results.md shows each bench record of benchmarks/results/ as
-    benchmarks/results_tables.py renders it: a table edited by hand, or a record replaced
+    tools/results_tables.py renders it: a table edited by hand, or a record replaced
     without its table, fails."""
-    sys.path.insert(0, str(ROOT / "benchmarks"))
+    sys.path.insert(0, str(ROOT / "tools"))
     try:
         import results_tables
     finally:
@@ -174,7 +174,7 @@ def test_the_results_tables_are_rendered_from_their_records():
         table = results_tables.table(record)
         assert table.count("\n") >= 3 and table in page, (
             f"docs/results.md lacks the table of {record.name}: paste the output of "
-            f"python benchmarks/results_tables.py {record.relative_to(ROOT)}")
+            f"python tools/results_tables.py {record.relative_to(ROOT)}")
 
 
 def test_every_built_in_recipe_is_in_the_recipes_page():

@@ -2,8 +2,8 @@
 --json` writes) as Markdown, as docs/results.md shows them: the tables there are copied from this
 output, and tests/test_docs.py checks that they still match their records.
 
-    python benchmarks/results_tables.py                 # every record
-    python benchmarks/results_tables.py FILE.json ...   # some
+    python tools/results_tables.py                 # every record
+    python tools/results_tables.py FILE.json ...   # some
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from pathlib import Path
 from looptune.report import bench_sections
 from looptune.report.document import to_markdown
 
-RECORDS = Path(__file__).resolve().parent / "results"
+RECORDS = Path(__file__).resolve().parents[1] / "benchmarks" / "results"
 
 
 def table(path: Path) -> str:
