@@ -241,3 +241,19 @@ def test_bench_records_times_the_folder_and_both_reads(folder, tmp_path):
     with pytest.raises(ConfigError, match="not the same data"):
         bench_records(out, list(range(5)), size=16)
     assert os.path.basename(result.packed) == "r-tfrecord"
+
+
+def test_a_full_disk_leaves_no_folder_and_keeps_the_old_one(folder, tmp_path, monkeypatch):
+    import errno
+
+    old = _pack(folder, tmp_path, "tfrecord")
+    before = (old / RECORDS_NAME).read_text()
+
+    def full(*args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(records, "_write", full)
+    with pytest.raises(DataError, match=r"disk holding .* is full .*nothing was changed"):
+        pack_records(folder, old, format="webdataset", overwrite=True)
+    assert (old / RECORDS_NAME).read_text() == before
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]

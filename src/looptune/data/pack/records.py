@@ -34,10 +34,8 @@ import importlib.util
 import json
 import os
 import random
-import shutil
 import struct
 import tarfile
-import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -45,7 +43,7 @@ from typing import Any
 import numpy as np
 from torch.utils.data import Dataset, IterableDataset, get_worker_info
 
-from looptune._io import atomic_write_text, fsync_dir
+from looptune._io import atomic_write_text
 from looptune.data.pack.format import file_sha256
 from looptune.errors import ConfigError, DataError
 
@@ -99,7 +97,7 @@ def pack_records(source: Any, out: str | os.PathLike, *, format: str,
         DataError: a sample that is not ``(bytes, int)``; the disk filled up (OUT untouched).
     """
     from looptune.data.image_folder import Samples
-    from looptune.data.pack.writer import _existing_problem, _move_into_place
+    from looptune.data.pack.writer import _existing_problem, write_folder
 
     out = Path(out)
     problems = []
@@ -120,29 +118,17 @@ def pack_records(source: Any, out: str | os.PathLike, *, format: str,
                         "Samples nor a map-style dataset of (bytes, label) pairs")
     if problems:
         raise ConfigError(problems)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
-    try:
-        os.chmod(tmp, 0o755)
-        try:
-            shards = _write(source, tmp, format, shard_bytes, progress)
-            classes = list(source.classes) if isinstance(source, Samples) else None
-            meta = {"kind": "looptune-records", "schema": SCHEMA, "format": format,
-                    "num_samples": sum(s["count"] for s in shards), "classes": classes,
-                    "source": str(source.root) if isinstance(source, Samples) else None,
-                    "shards": shards}
-            atomic_write_text(tmp / RECORDS_NAME, json.dumps(meta, indent=1) + "\n")
-            fsync_dir(tmp)
-        except OSError as err:
-            if err.errno not in (28, 122):  # ENOSPC, EDQUOT
-                raise
-            raise DataError(f"the disk holding {str(out.parent)!r} is full ({err.strerror}) while "
-                            f"writing {str(out)!r}: nothing was changed there. Free space, or "
-                            "write to another folder.") from err
-        _move_into_place(tmp, out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    return out
+
+    def fill(tmp: Path) -> None:
+        shards = _write(source, tmp, format, shard_bytes, progress)
+        classes = list(source.classes) if isinstance(source, Samples) else None
+        meta = {"kind": "looptune-records", "schema": SCHEMA, "format": format,
+                "num_samples": sum(s["count"] for s in shards), "classes": classes,
+                "source": str(source.root) if isinstance(source, Samples) else None,
+                "shards": shards}
+        atomic_write_text(tmp / RECORDS_NAME, json.dumps(meta, indent=1) + "\n")  # last
+
+    return write_folder(out, fill)
 
 
 def _items(source: Any) -> Iterator[tuple[str, bytes, int]]:

@@ -100,13 +100,7 @@ def bench_pack(packed: Any, original: Any = None, *, batch_size: int = 256, work
 
     _check(batch_size, workers, batches, repeats, warmup)
     ds = packed if isinstance(packed, PackedDataset) else open_packed(packed)
-    if original is not None and len(original) != len(ds):
-        raise ConfigError(f"the original dataset has {len(original)} samples, the packed one "
-                          f"{len(ds)}: they are not the same data. Pack it again "
-                          "(looptune pack --overwrite) or pass the dataset it was packed from.")
-    ways = []
-    if original is not None:
-        ways.append(("original", "DataLoader(dataset, shuffle) + default collate", original, False))
+    ways = _original_way(original, len(ds), "the packed one")
     ways.append(("packed, per sample", "the same DataLoader over the packed dataset", ds, False))
     ways.append(("packed, whole batches",
                  "DataLoader(packed, sampler=BatchSampler(...), batch_size=None): get_batch",
@@ -138,13 +132,7 @@ def bench_records(folder: Any, original: Any = None, *, size: int, batch_size: i
     decode = DecodeResize(size)
     ds = RecordDataset(folder, decode)
     stream = RecordStream(folder, decode, shuffle_buffer=shuffle_buffer, seed=seed)
-    if original is not None and len(original) != len(ds):
-        raise ConfigError(f"the original dataset has {len(original)} samples, {folder} "
-                          f"{len(ds)}: they are not the same data. Write it again "
-                          "(looptune pack --overwrite) or pass the folder it was written from.")
-    ways = []
-    if original is not None:
-        ways.append(("original", "DataLoader(dataset, shuffle) + default collate", original, False))
+    ways = _original_way(original, len(ds), str(folder))
     ways.append((f"{ds.format}, random access", "the same DataLoader: one record read by index "
                  "(pread) a sample", ds, False))
     ways.append((f"{ds.format}, streamed", f"DataLoader(IterableDataset): shards read in order, "
@@ -159,6 +147,18 @@ def bench_records(folder: Any, original: Any = None, *, size: int, batch_size: i
     return PackBench(packed=str(ds.path), storage=ds.format, batch_size=batch_size,
                      workers=workers, batches=steps, repeats=repeats, rates=rates,
                      provenance=provenance(torch.device("cpu")))
+
+
+def _original_way(original: Any, n: int, packed: str) -> list:
+    """The ``original`` way to time (none without one), once it has the packed data's ``n``
+    samples: a different count is another dataset, refused before anything is timed."""
+    if original is None:
+        return []
+    if len(original) != n:
+        raise ConfigError(f"the original dataset has {len(original)} samples, {packed} {n}: "
+                          "they are not the same data. Pack it again (looptune pack "
+                          "--overwrite) or pass the dataset it was packed from.")
+    return [("original", "DataLoader(dataset, shuffle) + default collate", original, False)]
 
 
 def _measure(ways: list, original: Any, steps: int, batch_size: int, workers: int, repeats: int,

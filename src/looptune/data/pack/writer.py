@@ -79,11 +79,20 @@ def pack(dataset: Any, out: str | os.PathLike, *, format: Storage = "memmap",
     """
     out = Path(out)
     n = _check_args(dataset, out, format, shard_bytes, workers, overwrite)
+    return write_folder(out, lambda tmp: _write_all(dataset, n, tmp, format, shard_bytes,
+                                                    workers, progress))
+
+
+def write_folder(out: Path, fill: Callable[[Path], None]) -> Path:
+    """``fill(tmp)`` writes a dataset folder's files into a temporary folder beside ``out``,
+    which is fsynced and renamed to ``out`` (an old ``out`` kept until then, and put back if the
+    rename fails). Anything that goes wrong removes the temporary folder; a full disk is a
+    DataError saying that ``out`` was not changed."""
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
     try:
         os.chmod(tmp, 0o755)  # mkdtemp makes 0700; a dataset folder is meant to be read
         try:
-            _write_all(dataset, n, tmp, format, shard_bytes, workers, progress)
+            fill(tmp)
             fsync_dir(tmp)
         except OSError as err:
             if err.errno not in (errno.ENOSPC, errno.EDQUOT):
