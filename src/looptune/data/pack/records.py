@@ -192,15 +192,15 @@ class _Writer:
 
     def __init__(self, path: Path, format: str) -> None:
         self.format = format
-        self.file = open(path, "wb")
         if format == "tfrecord":
             from tfrecord import TFRecordWriter
 
-            self.tf = TFRecordWriter.__new__(TFRecordWriter)
-            self.tf.file = self.file  # its framing and Example encoding, into our file object
+            self.tf = TFRecordWriter(str(path))
+            self.file = self.tf.file  # its offsets give the index
         else:
             import webdataset as wds
 
+            self.file = open(path, "wb")
             self.tar = wds.TarWriter(self.file, encoder=False, mtime=0, user="looptune",
                                      group="looptune", mode=0o644)
 
@@ -428,26 +428,18 @@ class RecordStream(_Shards, IterableDataset):
 
 # ---- the two formats' framing -------------------------------------------------------------
 
-def _masked_crc(data: bytes) -> int:
-    import crc32c
-
-    crc = crc32c.crc32c(data)
-    return (((crc >> 15) | (crc << 17)) + 0xA282EAD8) & 0xFFFFFFFF
-
-
 def _parse_tfrecord(buf: bytes, where: str, index: int) -> tuple[bytes, int]:
-    from tfrecord import example_pb2
+    from tfrecord import TFRecordWriter, example_pb2
 
     if len(buf) < 16:
         raise DataError(f"{where}: {len(buf)} bytes cannot be a TFRecord record")
+    crc = TFRecordWriter.masked_crc  # the framing's masked CRC-32C, as the writer computes it
     (length,) = struct.unpack_from("<Q", buf, 0)
-    (len_crc,) = struct.unpack_from("<I", buf, 8)
-    if _masked_crc(buf[:8]) != len_crc or length != len(buf) - 16:
+    if crc(buf[:8]) != buf[8:12] or length != len(buf) - 16:
         raise DataError(f"{where}: the record's length field fails its CRC (or disagrees with the "
                         "index): the shard is corrupt. Run looptune pack --verify; write it again.")
     data = buf[12:12 + length]
-    (data_crc,) = struct.unpack_from("<I", buf, 12 + length)
-    if _masked_crc(data) != data_crc:
+    if crc(data) != buf[12 + length:16 + length]:
         raise DataError(f"{where}: the record's data fails its CRC-32C: the shard is corrupt. Run "
                         "looptune pack --verify and write the folder again.")
     try:
