@@ -59,9 +59,9 @@ from _goals import exit_code, passfail, smoke_check, smoke_floor
 from looptune._io import drop_page_cache
 from looptune.data import image_folder
 from looptune.data.image_folder import Samples
-from looptune.data.jpeg import (EpochSampler, FolderDataset, crop_batch, crop_decoded, decode_all,
-                                decode_on, gpu_decode_missing, keyed_crops, normalize,
-                                simplejpeg_missing)
+from looptune.data.jpeg import (EpochSampler, FolderDataset, crop_batch, decode_all, keyed_crops,
+                                normalize, simplejpeg_missing)
+from looptune.data.jpeg_gpu import crop_decoded, decode_on, gpu_decode_missing
 from looptune.models import ImageCNN
 
 SPEEDUP_GOAL = 5.0

@@ -126,15 +126,14 @@ def test_bad_size_and_a_file_broken_after_the_scan_are_named(gradients):
 
 
 def test_keyed_crops_are_the_same_per_sample_and_batched_and_depend_on_seed_epoch_index():
-    from looptune.data.jpeg import RATIO, TRIES, _box, _uniforms_one
+    from looptune.data.crops import keyed_box
 
     sizes = torch.randint(100, 300, (500, 2), generator=torch.Generator().manual_seed(0))
     boxes, flips = keyed_crops(7, 3, np.arange(500), sizes, (0.35, 1.0))
     for i in range(500):  # the per-sample path (what a DataLoader worker runs)
-        u = _uniforms_one(7, 3, i, 2 * TRIES + 3)
-        assert _box(int(sizes[i, 0]), int(sizes[i, 1]), u, (0.35, 1.0), RATIO) == tuple(
-            int(v) for v in boxes[i].tolist())
-        assert (u[-1] < 0.5) == bool(flips[i])
+        box, mirror = keyed_box(7, 3, i, int(sizes[i, 0]), int(sizes[i, 1]), (0.35, 1.0))
+        assert box == tuple(int(v) for v in boxes[i].tolist())
+        assert mirror == bool(flips[i])
     again, _ = keyed_crops(7, 3, np.arange(250, 500), sizes[250:], (0.35, 1.0))
     assert torch.equal(again, boxes[250:])  # a sample's crop does not depend on its batch
     other_epoch, _ = keyed_crops(7, 4, np.arange(500), sizes, (0.35, 1.0))
@@ -192,7 +191,7 @@ def test_a_decoder_that_is_not_there_is_named_with_its_install(gradients, monkey
 
 
 def test_gpu_decode_degrades_with_its_reason_on_this_machine():
-    from looptune.data.jpeg import gpu_decode_missing
+    from looptune.data.jpeg_gpu import gpu_decode_missing
 
     assert "needs a CUDA device (got cpu)" in gpu_decode_missing("cpu")
     if not torch.cuda.is_available():
@@ -227,7 +226,7 @@ def _decoded_case(tmp_path):
 def test_crops_of_decoded_images_are_the_per_sample_pipelines_pixels(tmp_path):
     """The GPU-decode path's crop + resize + flip + normalize (crop_decoded), run here on images
     PIL decoded, against FolderDataset's per-sample output for the same keyed crops."""
-    from looptune.data.jpeg import crop_decoded
+    from looptune.data.jpeg_gpu import crop_decoded
 
     _, decoded, want, boxes, flips = _decoded_case(tmp_path)
     got = crop_decoded(decoded, boxes, flips, 32)
@@ -245,7 +244,7 @@ def test_crops_of_decoded_images_are_the_per_sample_pipelines_pixels(tmp_path):
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA (nvJPEG); the CPU test "
                     "above checks the crops (benchmarks/gpu_check.sh runs this one)")
 def test_nvjpeg_decodes_the_batch_on_the_gpu_to_the_same_pictures(tmp_path):
-    from looptune.data.jpeg import crop_decoded, decode_on, gpu_decode_missing
+    from looptune.data.jpeg_gpu import crop_decoded, decode_on, gpu_decode_missing
 
     if (why := gpu_decode_missing("cuda")) is not None:
         pytest.skip(why)

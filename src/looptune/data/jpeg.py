@@ -16,8 +16,10 @@
   batch with one ``affine_grid`` + ``grid_sample`` on its device: the same crops as the per-sample
   path (normalized coordinates do not change when the image is resized), from S-pixel pixels.
 * With a ``seed``, both paths draw each sample's crop and flip from ``(seed, epoch, index)``
-  (:func:`keyed_crops`, :class:`EpochSampler`): the same pictures whichever path, process or
-  worker made them, so recipes that differ only in how they feed the step train alike.
+  (:func:`~looptune.data.crops.keyed_crops`, :class:`EpochSampler`): the same pictures whichever
+  path, process or worker made them, so recipes that differ only in how they feed the step train
+  alike. The crop draw itself lives in :mod:`looptune.data.crops`; decoding on the GPU in
+  :mod:`looptune.data.jpeg_gpu`.
 """
 
 from __future__ import annotations
@@ -31,18 +33,16 @@ import torch.nn.functional as F
 from PIL import Image
 from torch.utils.data import Dataset
 
+from looptune.data.crops import RATIO, SCALE, crop_box, draw_crops, keyed_box, keyed_crops
 from looptune.data.image_folder import Samples
 from looptune.errors import ConfigError, DataError
 
 __all__ = ["DECODERS", "MEAN", "STD", "DecodeResize", "EpochSampler", "FolderCrops", "FolderDataset", "FolderReader",
-           "ResizedFolder", "crop_batch", "crop_box", "crop_decoded", "decode_on", "gpu_decode_missing",
-           "decode_all", "decode_whole", "draw_crops", "keyed_crops", "normalize", "simplejpeg_missing", "sizes_of",
-           "with_sizes"]
+           "ResizedFolder", "crop_batch", "crop_box", "decode_all", "decode_whole", "draw_crops",
+           "keyed_crops", "normalize", "simplejpeg_missing", "sizes_of", "with_sizes"]
 
 # the per-channel mean and std of ImageNet's pixels in [0, 1], as the tutorials' Normalize uses
 MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
-SCALE, RATIO = (0.08, 1.0), (3 / 4, 4 / 3)  # torchvision RandomResizedCrop's defaults
-TRIES = 10  # torchvision draws this many crops before it falls back to a centre crop
 DECODERS = ("pil", "simplejpeg")
 
 
@@ -54,35 +54,6 @@ def simplejpeg_missing() -> str | None:
         return ("decoder='simplejpeg' needs the simplejpeg package (libjpeg-turbo): pip install "
                 "'looptune[jpeg]', or use decoder='pil'")
     return None
-
-
-def crop_box(width: int, height: int, rng: torch.Generator | None = None,
-             scale: tuple[float, float] = SCALE, ratio: tuple[float, float] = RATIO
-             ) -> tuple[int, int, int, int]:
-    """``(left, top, w, h)`` of a random resized crop, torchvision's draw on torch's RNG."""
-    area = width * height
-    log_ratio = (math.log(ratio[0]), math.log(ratio[1]))
-    for _ in range(TRIES):
-        target = area * torch.empty(1).uniform_(scale[0], scale[1], generator=rng).item()
-        aspect = math.exp(torch.empty(1).uniform_(log_ratio[0], log_ratio[1], generator=rng).item())
-        w = int(round(math.sqrt(target * aspect)))
-        h = int(round(math.sqrt(target / aspect)))
-        if 0 < w <= width and 0 < h <= height:
-            top = int(torch.randint(0, height - h + 1, size=(1,), generator=rng).item())
-            left = int(torch.randint(0, width - w + 1, size=(1,), generator=rng).item())
-            return left, top, w, h
-    return _centre(width, height, ratio)
-
-
-def _centre(width: int, height: int, ratio: tuple[float, float]) -> tuple[int, int, int, int]:
-    in_ratio = width / height
-    if in_ratio < min(ratio):
-        w, h = width, int(round(width / min(ratio)))
-    elif in_ratio > max(ratio):
-        w, h = int(round(height * max(ratio))), height
-    else:
-        w, h = width, height
-    return (width - w) // 2, (height - h) // 2, w, h
 
 
 def normalize(x: torch.Tensor, mean: Sequence[float] = MEAN, std: Sequence[float] = STD) -> torch.Tensor:
@@ -106,7 +77,7 @@ class FolderDataset(Dataset):
         decoder: ``"pil"`` (Pillow), or ``"simplejpeg"`` (libjpeg-turbo without Pillow's
             decoder objects; ``pip install 'looptune[jpeg]'``; PNG files still go through PIL).
         seed: draw each sample's crop and flip from ``(seed, epoch, index)``
-            (:func:`keyed_crops`), its index then ``(index, epoch)`` (:class:`EpochSampler`);
+            (:func:`looptune.data.crops.keyed_crops`), its index then ``(index, epoch)`` (:class:`EpochSampler`);
             None: from torch's RNG, as torchvision does.
     """
 
@@ -152,8 +123,7 @@ class FolderDataset(Dataset):
         if not self.train:
             return (0, 0, width, height), False
         if self.seed is not None:  # keyed_crops' draw, one sample
-            u = _uniforms_one(self.seed, epoch, i, 2 * TRIES + 3)
-            return _box(width, height, u, self.scale, RATIO), u[-1] < 0.5
+            return keyed_box(self.seed, epoch, i, width, height, self.scale)
         box = crop_box(width, height, scale=self.scale)
         return box, torch.rand(1).item() < 0.5
 
@@ -285,101 +255,6 @@ class DecodeResize:
         return decode_whole(data, self.size, name)[0]
 
 
-def draw_crops(sizes: torch.Tensor, generator: torch.Generator | None = None,
-               scale: tuple[float, float] = SCALE, ratio: tuple[float, float] = RATIO
-               ) -> torch.Tensor:
-    """Random resized crops for a batch at once: ``sizes`` (B, 2) widths and heights -> (B, 4)
-    ``left, top, w, h`` in pixels, torchvision's draw (ten tries each, then a centre crop), on
-    torch's RNG."""
-    u = torch.rand(len(sizes), 2 * TRIES + 2, dtype=torch.float64, generator=generator)
-    return _crops(sizes.to(torch.float64), u, scale, ratio)
-
-
-def keyed_crops(seed: int, epoch: int, index: Sequence[int] | np.ndarray, sizes: torch.Tensor,
-                scale: tuple[float, float] = SCALE, ratio: tuple[float, float] = RATIO
-                ) -> tuple[torch.Tensor, torch.Tensor]:
-    """The crops (B, 4) and mirror flags (B,) of samples ``index`` in ``epoch``: torchvision's
-    draw on random numbers that depend only on ``(seed, epoch, index)`` (a counter-based
-    generator, splitmix64). The per-sample path (in any DataLoader worker) and the batched path
-    then draw the same crops for the same sample: every recipe trains on the same pictures."""
-    u = torch.from_numpy(_uniforms(seed, epoch, np.asarray(index, dtype=np.uint64), 2 * TRIES + 3))
-    return _crops(sizes.to(torch.float64), u[:, :-1], scale, ratio), u[:, -1] < 0.5
-
-
-_M1, _M2, _GOLDEN = np.uint64(0xBF58476D1CE4E5B9), np.uint64(0x94D049BB133111EB), \
-    np.uint64(0x9E3779B97F4A7C15)
-
-
-def _mix(z: np.ndarray) -> np.ndarray:
-    """splitmix64's finalizer (uint64, wrapping)."""
-    z = (z ^ (z >> np.uint64(30))) * _M1
-    z = (z ^ (z >> np.uint64(27))) * _M2
-    return z ^ (z >> np.uint64(31))
-
-
-def _uniforms(seed: int, epoch: int, index: np.ndarray, k: int) -> np.ndarray:
-    """(len(index), k) uniforms in [0, 1), each a function of (seed, epoch, index, column)."""
-    with np.errstate(over="ignore"):
-        key = _mix(_mix(np.array([seed % 2**64], dtype=np.uint64)) + np.uint64(epoch % 2**64) * _GOLDEN)
-        counter = index[:, None] * np.uint64(k) + np.arange(k, dtype=np.uint64)[None, :]
-        z = _mix(key + counter * _GOLDEN)
-    return (z >> np.uint64(11)).astype(np.float64) * 2.0 ** -53
-
-
-_MASK = 2**64 - 1
-
-
-def _mix_one(z: int) -> int:
-    z = ((z ^ (z >> 30)) * int(_M1)) & _MASK
-    z = ((z ^ (z >> 27)) * int(_M2)) & _MASK
-    return z ^ (z >> 31)
-
-
-def _uniforms_one(seed: int, epoch: int, index: int, k: int) -> list[float]:
-    """:func:`_uniforms` for one sample, in Python integers (no array set-up per sample)."""
-    key = _mix_one((_mix_one(seed % 2**64) + (epoch % 2**64) * int(_GOLDEN)) & _MASK)
-    return [(_mix_one((key + (index * k + j) * int(_GOLDEN)) & _MASK) >> 11) * 2.0 ** -53
-            for j in range(k)]
-
-
-def _box(width: int, height: int, u: list[float], scale: tuple[float, float],
-         ratio: tuple[float, float]) -> tuple[int, int, int, int]:
-    """:func:`_crops` for one image, in Python floats."""
-    lo, hi = math.log(ratio[0]), math.log(ratio[1])
-    for t in range(TRIES):
-        target = width * height * (scale[0] + (scale[1] - scale[0]) * u[t])
-        aspect = math.exp(lo + (hi - lo) * u[TRIES + t])
-        w, h = round(math.sqrt(target * aspect)), round(math.sqrt(target / aspect))
-        if 0 < w <= width and 0 < h <= height:
-            left = math.floor(u[2 * TRIES] * (width - w + 1))
-            top = math.floor(u[2 * TRIES + 1] * (height - h + 1))
-            return left, top, w, h
-    return _centre(width, height, ratio)
-
-
-def _crops(sizes: torch.Tensor, u: torch.Tensor, scale: tuple[float, float],
-           ratio: tuple[float, float]) -> torch.Tensor:
-    """torchvision's draw from given uniforms: ``u`` (B, 2 x TRIES + 2): the tries' areas, their
-    log-aspects, then the left and top offsets."""
-    width, height = sizes[:, 0], sizes[:, 1]
-    b = len(sizes)
-    target = width[:, None] * height[:, None] * (scale[0] + (scale[1] - scale[0]) * u[:, :TRIES])
-    lo, hi = math.log(ratio[0]), math.log(ratio[1])
-    aspect = torch.exp(lo + (hi - lo) * u[:, TRIES:2 * TRIES])
-    w = torch.round(torch.sqrt(target * aspect))
-    h = torch.round(torch.sqrt(target / aspect))
-    ok = (w > 0) & (w <= width[:, None]) & (h > 0) & (h <= height[:, None])
-    first = torch.where(ok.any(1), ok.to(torch.int8).argmax(1), 0)
-    pick = torch.arange(b)
-    w, h, found = w[pick, first], h[pick, first], ok.any(1)
-    left = torch.floor(u[:, 2 * TRIES] * (width - w + 1))
-    top = torch.floor(u[:, 2 * TRIES + 1] * (height - h + 1))
-    out = torch.stack([left, top, w, h], 1)
-    for i in torch.nonzero(~found).flatten().tolist():  # ten misses: the centre crop
-        out[i] = torch.tensor(_centre(int(width[i]), int(height[i]), ratio), dtype=torch.float64)
-    return out
-
-
 def crop_batch(images: torch.Tensor, sizes: torch.Tensor, size: int, *,
                generator: torch.Generator | None = None, flip: bool = True,
                scale: tuple[float, float] = SCALE, ratio: tuple[float, float] = RATIO,
@@ -469,48 +344,3 @@ class FolderReader:
         return FolderDataset(self.samples, self.size, scale=self.scale,
                              draft=image_decoder != "pil",
                              decoder="simplejpeg" if image_decoder == "simplejpeg" else "pil")
-
-
-# ---- decoding on the GPU (DALI's approach; torchvision.io.decode_jpeg on CUDA: nvJPEG) --------
-
-def gpu_decode_missing(device: torch.device | str) -> str | None:
-    """Why JPEGs cannot be decoded on ``device`` here, or None."""
-    dev = torch.device(device)
-    if dev.type != "cuda":
-        return (f"decoding on the GPU needs a CUDA device (got {dev}): nvJPEG through "
-                "torchvision.io.decode_jpeg(device='cuda'); on this machine the CPU decodes")
-    if not torch.cuda.is_available():
-        return "decoding on the GPU needs CUDA: torch.cuda.is_available() is False here"
-    try:
-        from torchvision import io as tvio
-
-        tvio.decode_jpeg  # noqa: B018 - an old torchvision has no batched GPU decode
-    except Exception as err:  # noqa: BLE001 - a torchvision built for another torch fails oddly
-        return (f"decoding on the GPU needs torchvision.io.decode_jpeg ({type(err).__name__}: "
-                f"{err}); install the torchvision built for this torch (pip install "
-                "'looptune[vision]')")
-    return None
-
-
-def decode_on(datas: Sequence[torch.Tensor], device: torch.device | str) -> list[torch.Tensor]:
-    """Encoded JPEGs (1-D uint8 tensors of each file's bytes) -> decoded RGB uint8 ``(3, H, W)``
-    on ``device``, the whole batch in one call (nvJPEG's batched decode on CUDA)."""
-    from torchvision.io import ImageReadMode, decode_jpeg
-
-    return decode_jpeg(list(datas), mode=ImageReadMode.RGB, device=torch.device(device))
-
-
-def crop_decoded(images: Sequence[torch.Tensor], boxes: torch.Tensor, flips: torch.Tensor,
-                 size: int) -> torch.Tensor:
-    """Decoded uint8 ``(3, H, W)`` images of any sizes, on their device -> each one's crop
-    ``boxes[i]`` (left, top, width, height in its pixels) resized to ``size`` x ``size``
-    (bilinear with antialiasing, as PIL's resize filters a reduction), mirrored where ``flips``,
-    scaled and normalized: float32 ``(B, 3, size, size)``, the per-sample pipeline's output."""
-    out = []
-    for img, (left, top, w, h), mirror in zip(images, boxes.round().long().tolist(),
-                                              flips.tolist()):
-        crop = img[None, :, top:top + h, left:left + w].float()
-        crop = F.interpolate(crop, size=(size, size), mode="bilinear", antialias=True,
-                             align_corners=False)
-        out.append(crop.flip(-1) if mirror else crop)
-    return normalize(torch.cat(out).div_(255))
