@@ -17,41 +17,13 @@ import pytest
 from looptune.cli import diagnose as diagnose_cmd
 from looptune.cli.main import build_parser
 
-ROOT = Path(__file__).resolve().parents[1]
-PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
-FENCE = re.compile(r"^```(\w*)\s*\n(.*?)^```", re.M | re.S)
+from doc_commands import FENCE, PAGES, ROOT, blocks, commands
+
 LINK = re.compile(r"!?\[[^\]]*\]\(([^)\s]+)\)")
 
 
-def _blocks(page: Path, languages: tuple[str, ...]):
-    text = page.read_text()
-    for m in FENCE.finditer(text):
-        if m.group(1) in languages:
-            yield text[:m.start()].count("\n") + 2, m.group(2)
-
-
-def _commands(page: Path):
-    """(line, argv) of every looptune command in the page's shell blocks (continuations joined,
-    comments dropped, `&&` chains split, `VAR=value` prefixes and `python -m looptune` allowed)."""
-    for first, block in _blocks(page, ("bash", "sh", "console", "")):
-        joined = re.sub(r"\\\n", " ", block)
-        for offset, line in enumerate(joined.splitlines()):
-            code = line.split(" #")[0].strip()
-            for part in code.split("&&"):
-                try:
-                    words = shlex.split(part, comments=True)
-                except ValueError:  # not shell (an output line with a quote in it)
-                    continue
-                while words and re.fullmatch(r"[A-Z_]+=\S*", words[0]):
-                    words = words[1:]
-                if words[:3] == ["python", "-m", "looptune"]:
-                    words = ["looptune", *words[3:]]
-                if words[:1] == ["looptune"] and words[1:] != ["..."]:  # "..." : any command
-                    yield first + offset, words[1:]
-
-
 def _all_commands():
-    return [(page, line, argv) for page in PAGES for line, argv in _commands(page)]
+    return [(page, line, argv) for page in PAGES for line, argv in commands(page)]
 
 
 def _exact(parser):
@@ -97,7 +69,7 @@ def test_the_parser_check_catches_a_drifted_flag(capsys):
 
 @pytest.mark.parametrize("page", PAGES, ids=lambda p: str(p.relative_to(ROOT)))
 def test_python_blocks_compile(page):
-    for line, block in _blocks(page, ("python",)):
+    for line, block in blocks(page, ("python",)):
         try:
             compile(block, f"{page.name}:{line}", "exec")
         except SyntaxError as err:
@@ -185,3 +157,58 @@ def test_every_built_in_recipe_is_in_the_recipes_page():
         assert f"`{workload}`" in page or workload == "mnist-mlp", workload
         for name in recipes:
             assert f"`{name}`" in page, f"docs/recipes.md does not describe {workload}'s {name}"
+
+
+BENCH_COMMAND = re.compile(r"python ((?:benchmarks|tools)/\w+\.py)([^`|\n#]*)")
+
+
+def _script_commands():
+    """(page, script, argv) of every `python benchmarks/X.py ...` or `python tools/X.py ...`
+    the pages show, in code blocks or inline (`[--flag value ...]`: an optional part, kept)."""
+    out = []
+    for page in PAGES:
+        for script, rest in BENCH_COMMAND.findall(page.read_text()):
+            argv = [w for w in shlex.split(rest.replace("[", " ").replace("]", " ")) if w != "..."]
+            out.append((page, script, argv))
+    return out
+
+
+class _Parsed(Exception):
+    pass
+
+
+def test_the_pages_show_benchmark_commands():
+    scripts = {script for _, script, _ in _script_commands()}
+    assert len(scripts) >= 15 and "benchmarks/run_goals.py" in scripts
+
+
+@pytest.mark.parametrize("page, script, argv", _script_commands(),
+                         ids=lambda v: v.name if isinstance(v, Path) else str(v)[:40])
+def test_every_benchmark_command_shown_parses_with_its_script(page, script, argv, monkeypatch,
+                                                              capsys):
+    """The script's own parser takes the flags as shown (no abbreviations); nothing runs: the
+    parse is stopped where it returns. The benchmarks' work is run by their --smoke tests."""
+    import argparse
+    import runpy
+
+    path = ROOT / script
+    assert path.is_file(), f"{page.relative_to(ROOT)} shows {script}, which does not exist"
+    real = argparse.ArgumentParser.parse_args
+
+    def parse_and_stop(self, args=None, namespace=None):
+        self.allow_abbrev = False
+        raise _Parsed(real(self, args, namespace))
+
+    monkeypatch.setattr(argparse.ArgumentParser, "parse_args", parse_and_stop)
+    monkeypatch.setattr(sys, "argv", [str(path), *argv])
+    monkeypatch.syspath_prepend(str(path.parent))  # as `python benchmarks/X.py` has it
+    module = runpy.run_path(str(path), run_name="looptune_docs_check")
+    try:
+        module["main"](*([argv] if module["main"].__code__.co_argcount else []))
+    except _Parsed:
+        return
+    except SystemExit as exit_:
+        err = capsys.readouterr().err.strip().splitlines()
+        pytest.fail(f"{page.relative_to(ROOT)}: `python {script} {' '.join(argv)}` does not "
+                    f"parse (exit {exit_.code}): {err[-1] if err else ''}")
+    pytest.fail(f"{script}'s main() returned without parsing its arguments")

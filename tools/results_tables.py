@@ -8,6 +8,7 @@ output, and tests/test_docs.py checks that they still match their records.
 
 from __future__ import annotations
 
+import argparse
 import json
 import sys
 from pathlib import Path
@@ -36,8 +37,11 @@ def bench_records() -> list[Path]:
             if json.loads(p.read_text()).get("kind") == "bench"]
 
 
-def main(argv: list[str]) -> int:
-    paths = [Path(a) for a in argv] or bench_records()
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("records", nargs="*", type=Path, metavar="FILE.json",
+                   help="bench records to render (default: every one in benchmarks/results/)")
+    paths = p.parse_args(argv).records or bench_records()
     for path in paths:
         print(f"<!-- {path.name} -->\n{table(path)}\n")
     return 0

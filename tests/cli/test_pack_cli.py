@@ -153,7 +153,7 @@ def test_an_image_folder_into_record_shards_verified_and_benched(capsys, tmp_pat
     image_folder.write(tmp_path / "jpegs", samples=120, mnist_dir=mnist_dir, min_size=64, max_size=96)
     code, out, _ = _run(capsys, "--images", str(tmp_path / "jpegs"), "--format", fmt,
                         "--shard-bytes", "100K", str(tmp_path / "r"))
-    assert code == 0 and "wrote 120 samples (encoded bytes + label) into" in out and fmt in out
+    assert code == 0 and "packed 120 samples (encoded bytes + label) into" in out and fmt in out
     scan = image_folder.scan(tmp_path / "jpegs")
     ds = RecordDataset(tmp_path / "r")
     assert all(ds[i] == (scan.paths[i].read_bytes(), scan.labels[i]) for i in (0, 61, 119))

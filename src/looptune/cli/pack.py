@@ -207,7 +207,7 @@ def _pack_records(args: argparse.Namespace) -> int:
                      progress=lambda done, total: progress.update(task, completed=done))
     meta = json.loads((out / RECORDS_NAME).read_text())
     size = sum(s["bytes"] for s in meta["shards"])
-    wide_console().print(f"wrote {meta['num_samples']} samples (encoded bytes + label) into {out}: "
+    wide_console().print(f"packed {meta['num_samples']} samples (encoded bytes + label) into {out}: "
                          f"{meta['format']}, {len(meta['shards'])} shard(s), {format_bytes(size)}",
                          highlight=False, markup=False)
     return 0
