@@ -159,7 +159,7 @@ def test_every_built_in_recipe_is_in_the_recipes_page():
             assert f"`{name}`" in page, f"docs/recipes.md does not describe {workload}'s {name}"
 
 
-BENCH_COMMAND = re.compile(r"python ((?:benchmarks|tools)/\w+\.py)([^`|\n#]*)")
+BENCH_COMMAND = re.compile(r"python ((?:benchmarks|tools)/[a-z][a-z0-9_]*\.py)([^`|\n#]*)")
 
 
 def _script_commands():
