@@ -63,6 +63,8 @@ def test_diagnosis_html_shows_the_verdict_remedies_and_verify(render, samples):
     page = (out / "report.html").read_text()
     assert "bottleneck: data_loading (the step waits for the next batch)" in page
     assert "pre-decode the dataset into a tensor" in page and "up to 3.26x" in page
+    # a bound resting on an assumed fraction says so; a measured one does not
+    assert "up to 1.11x, estimated" in page and "up to 3.26x, estimated" not in page
     assert "13.32" in page and "12.73" in page  # --verify's before and after
     assert "abc1234" in page  # provenance: the git SHA
 
@@ -152,6 +154,7 @@ def test_the_input_chain_is_a_section_of_the_page_and_lines_in_the_terminal(rend
     text = console.export_text()
     assert "data cause: storage: storage 3.500 ms, decode 1.500 ms" in text
     assert "not seen: no /proc here" in text
+    assert "(up to 1.11x, estimated: assumed" in text and "(up to 3.26x: data wait" in text
 
 
 def test_loader_trials_with_loss_parity_keep_the_loss_out_of_their_settings(render, samples,

@@ -8,6 +8,7 @@ from typing import Any
 from looptune._format import format_bytes
 from looptune.measure.records import PHASES
 from looptune.diagnose.result import Diagnosis
+from looptune.diagnose.rules.records import Remedy
 from looptune.report import plots
 from looptune.report._sections import fmt, key_values, provenance_section
 from looptune.report.document import Bullets, Callout, Document, Figure, Section, Table, Text
@@ -151,19 +152,27 @@ def _stalls(d: Diagnosis) -> str:
     return text
 
 
+def bound_text(r: Remedy) -> str:
+    """"up to 1.42x", or "up to 1.42x, estimated" where the bound rests on an assumed fraction
+    (``Remedy.estimated``) rather than on the script's own work measured."""
+    return f"up to {r.expected_speedup:.2f}x" + (", estimated" if r.estimated else "")
+
+
 def _remedies(d: Diagnosis, prefix: str, files: str) -> Section:
     if not d.remedies:
         return Section(f"{prefix}Remedies", [Text("No remedy is expected to gain more than "
                                                   "run-to-run noise.")])
-    rows = [[str(i), r.action, f"up to {r.expected_speedup:.2f}x" + (
+    rows = [[str(i), r.action, bound_text(r) + (
         "" if r.measured_speedup is None else f", measured {r.measured_speedup:.2f}x"), r.reason]
             for i, r in enumerate(d.remedies, 1)]
-    bars = [plots.Bar(label=r.action, value=r.expected_speedup, note=f"up to {r.expected_speedup:.2f}x")
+    bars = [plots.Bar(label=r.action, value=r.expected_speedup, note=bound_text(r))
             for r in d.remedies]
-    png = plots.hbars(bars, title="Remedies, largest expected gain first", base=1.0,
+    png = plots.hbars(bars, title="Remedies (measured bounds first, then estimated)", base=1.0,
                       xlabel="expected whole-step speedup, upper bound (x; 1 = no gain)")
     caption = ("Upper bounds from the measured shares (Amdahl): what the step would gain if the "
-               "remedy removed its phase's time as stated.")
+               "remedy removed its phase's time as stated. An estimated bound rests on an "
+               "assumed fraction (docs/diagnose.md names each), not on this script's work "
+               "measured, and ranks after every measured one.")
     return Section(f"{prefix}Remedies", [Table(["#", "remedy", "expected gain", "why"], rows,
                                                 right={0}),
                                           Figure(name=f"{files}remedies.png", alt="expected speedup per "

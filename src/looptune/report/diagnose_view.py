@@ -11,7 +11,7 @@ from looptune.measure.records import PHASES
 from looptune.diagnose.ranks import RankReport
 from looptune.diagnose.result import Diagnosis
 from looptune.diagnose.verify import RERUNNABLE
-from looptune.report.diagnose_sections import part_rows
+from looptune.report.diagnose_sections import bound_text, part_rows
 from looptune.report.render import format_bytes
 
 __all__ = ["plan_lines", "print_diagnosis", "print_plan", "print_rank_report", "rank_table"]
@@ -55,8 +55,8 @@ def print_diagnosis(d: Diagnosis, console: Console) -> None:
         console.print(f"measured {d.steps_measured} of {d.steps_requested} steps: the script "
                       f"ended first ({d.stopped})", highlight=False)
     _print_list(console, "findings", [f"[{f.severity}] {f.message}" for f in d.findings])
-    _print_list(console, "remedies, largest expected gain first",
-                [f"{r.action}  (up to {r.expected_speedup:.2f}x"
+    _print_list(console, "remedies: measured bounds first, then estimated; the largest gain first",
+                [f"{r.action}  ({bound_text(r)}"
                  + ("" if r.measured_speedup is None else f", measured {r.measured_speedup:.2f}x")
                  + (", changes the training" if r.loss_parity is False else "")
                  + f": {r.reason})" for r in d.remedies])

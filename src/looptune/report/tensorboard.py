@@ -7,6 +7,7 @@ import os
 from pathlib import Path
 
 from looptune.diagnose.result import Diagnosis
+from looptune.report.diagnose_sections import bound_text
 
 __all__ = ["tensorboard_problem", "write_diagnosis"]
 
@@ -60,7 +61,7 @@ def _verdict_markdown(d: Diagnosis) -> str:
              f"{d.step_ms:.2f} ms)", "", str(d.evidence.get("reason", "")), ""]
     if d.data_cause:
         lines += [f"**data cause: {d.data_cause}**: {d.input_chain.get('reason', '')}", ""]
-    lines += [f"{i}. {r.action} (up to {r.expected_speedup:.2f}x): {r.reason}"
+    lines += [f"{i}. {r.action} ({bound_text(r)}): {r.reason}"
               for i, r in enumerate(d.remedies, 1)]
     lines += [f"- [{f.severity}] {f.message}" for f in d.findings]
     return "\n".join(lines)

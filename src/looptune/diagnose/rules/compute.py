@@ -44,7 +44,8 @@ def compute_remedies(m: Measurements, p: StepProfile) -> list[Remedy]:
         return [amdahl_remedy(
             action=bf16_action(m, "cuda")[0], share=c - u, fraction=BF16_GPU_SAVED,
             reason=f"compute is {c:.1%} of the step{less}; bf16 tensor cores roughly halve it: "
-                   f"1/(1 - {c - u:.4f} x {BF16_GPU_SAVED})", kind="precision")]
+                   f"1/(1 - {c - u:.4f} x {BF16_GPU_SAVED})", kind="precision",
+            estimated=True)]
     return cpu_compute_remedies(m, step_s=p.step_s, compute_s=p.phase_s["compute"],
                                 update_s=optimizer_s(p.part_s))
 

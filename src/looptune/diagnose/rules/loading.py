@@ -76,24 +76,24 @@ def data_remedies(m: Measurements, p: StepProfile) -> list[Remedy]:
                          "transform is random and cannot be pre-computed once; the batched "
                          f"transform itself is assumed to keep ~15% of the wait: 1/(1 - {s:.4f} "
                          f"x {BATCHED_AUG_REMOVED})")
-        fraction = BATCHED_AUG_REMOVED
+        fraction, estimated = BATCHED_AUG_REMOVED, True  # assumed
     else:
         action = ("pre-decode the dataset into a tensor and gather batches by index (looptune "
                   "recipe 'tensorized' / 'device')")
         wait, g = p.phase_s["data_wait"], m.gather_s
         if g is not None and wait > 0:  # measured: a DataLoader over a pre-decoded copy
-            fraction = max(0.0, 1 - g / wait)
+            fraction, estimated = max(0.0, 1 - g / wait), False
             reason = head + (f"a shuffled DataLoader over a pre-decoded dataset of the same "
                              f"batch bytes gathered a batch in {g * 1e3:.3f} ms here (measured "
                              f"after the script), which stays: 1/(1 - {s:.4f} x {fraction:.3f})")
         else:
-            fraction = PREDECODED_REMOVED
+            fraction, estimated = PREDECODED_REMOVED, True  # assumed
             reason = head + (f"indexing a pre-decoded tensor leaves ~10% of it (not measured: "
                              f"the batch's size is unknown): 1/(1 - {s:.4f} x "
                              f"{PREDECODED_REMOVED})")
     # kind "tensorized", not "loader": --verify applies only DataLoader(...) keyword arguments
     remedy = amdahl_remedy(action=action, share=s, fraction=fraction, reason=reason,
-                           kind="tensorized")
+                           kind="tensorized", estimated=estimated)
     if not (m.loaders and m.loaders[0].random_per_sample):
         remedy = _warm_model(remedy, m, p, s * fraction * p.step_s)
     return [remedy, *workers_remedy(m, p, s)]
@@ -138,5 +138,5 @@ def h2d_remedies(p: StepProfile) -> list[Remedy]:
                 f"copies are {h:.1%} of the step, {mib(p.pageable_bytes_per_step)} per step from "
                 f"pageable memory; pinned non_blocking copies overlap compute, assumed "
                 f"~{PINNED_HIDDEN:.0%} hidden: 1/(1 - {h:.4f} x {PINNED_HIDDEN})"),
-            kind="transfer"))
+            kind="transfer", estimated=True))
     return out

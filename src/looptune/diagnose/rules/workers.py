@@ -48,7 +48,7 @@ def workers_remedy(m: Measurements, p: StepProfile, s: float) -> list[Remedy]:
                   f"the {s:.1%} data wait assumed)")
         return [Remedy(action=_loader_action(0, p.on_cuda),
                        expected_speedup=round(amdahl(s, ONE_CORE_WAIT_REMOVED), 2),
-                       reason=reason, kind="loader")]
+                       reason=reason, kind="loader", estimated=True)]
     t = m.env.threads or n  # the step's intra-op threads
 
     bs = m.batch_scaling  # the model's replay beside one busy process: a worker's cost, measured
