@@ -71,3 +71,40 @@ def test_lm_fast_takes_bf16_on_a_cpu_only_where_the_probe_found_it_faster(
     (why,) = [d for d in cpu.reasons if d.name == "step.precision"]
     assert f"{bf16} {bf16_s * 1e6:.0f} us" in why.reason and "probe on this machine" in why.reason
     assert get_recipe("tta", "cpu", "char-gpt").step.precision == want[0]
+
+
+@pytest.mark.parametrize("seconds, want", [
+    ((1.0, 0.75, 0.9, 0.8), (True, "fp32")),    # channels_last 25% faster (a Zen 4 VM)
+    ((1.0, 1.33, 0.95, 1.2), (False, "bf16")),  # NHWC 33% slower (a Zen 5 VM); bf16 5% faster
+    ((1.0, 0.99, 0.98, 1.5), (False, "fp32")),  # within the probe's 3%: the plain layout kept
+])
+def test_cnn_fast_takes_the_layout_and_dtype_the_probe_measured_faster(monkeypatch, tmp_path,
+                                                                        seconds, want):
+    from looptune.presets import cnn, probe as probe_mod
+
+    monkeypatch.setenv("LOOPTUNE_PROBE_CACHE", str(tmp_path / "probes.json"))
+    monkeypatch.delenv("LOOPTUNE_PROBE", raising=False)
+    names = [c.name for c in cnn.CPU_CANDIDATES]
+    assert "fused fp32 all threads channels_last" in names
+    monkeypatch.setattr(probe_mod, "_measure",
+                        lambda c, *a: (dict(zip([x.name for x in c], seconds)), []))
+    fast, tta = get_recipe("fast", "cpu", "mnist-cnn"), get_recipe("tta", "cpu", "mnist-cnn")
+    assert (fast.step.channels_last, fast.step.precision) == want
+    assert (tta.step.channels_last, tta.step.precision) == want  # probed again at batch 128
+    (why,) = [d for d in fast.reasons if d.name == "step.channels_last/precision"]
+    assert "probe on this machine" in why.reason and "batch 256" in why.reason
+    cuda = get_recipe("fast", "cuda", "mnist-cnn")
+    assert (cuda.step.channels_last, cuda.step.precision) == (False, "fp32")
+
+
+@pytest.mark.parametrize("nhwc_s, want", [(0.7, True), (1.3, False)])
+def test_images_packed_takes_channels_last_only_where_the_probe_found_it_faster(
+        monkeypatch, tmp_path, nhwc_s, want):
+    from looptune.presets import images, probe as probe_mod
+
+    monkeypatch.setenv("LOOPTUNE_PROBE_CACHE", str(tmp_path / "probes.json"))
+    monkeypatch.delenv("LOOPTUNE_PROBE", raising=False)
+    plain, nhwc = (c.name for c in images.CPU_CANDIDATES)
+    monkeypatch.setattr(probe_mod, "_measure", lambda c, *a: ({plain: 1.0, nhwc: nhwc_s}, []))
+    assert get_recipe("packed", "cpu", "jpeg-folder").step.channels_last is want
+    assert get_recipe("packed", "cuda", "jpeg-folder").step.channels_last is False

@@ -226,3 +226,27 @@ def test_a_candidate_far_slower_in_its_warm_up_is_not_timed_further(monkeypatch)
     again = probe(**{**_kwargs(device=torch.device("cpu")), "candidates": cands,
                      "build_model": Slow, "loss_fn": nn.functional.cross_entropy})
     assert again.cached and again.warm_only == result.warm_only  # the cache keeps it
+
+
+def test_a_channels_last_candidate_times_an_nhwc_model_and_input(monkeypatch):
+    """The candidate runs as the engine runs it: weights and the 4-D input in channels_last."""
+    from looptune.engine import step as step_mod
+    from looptune.models import SmallCNN
+
+    seen = []
+    real = step_mod.Stepper.__call__
+
+    def spy(self, x, y):
+        conv = self.model.features[3].weight  # 16 x 8 x 3 x 3: NCHW and NHWC differ
+        seen.append((self.cfg.channels_last, conv.is_contiguous(memory_format=torch.channels_last)))
+        return real(self, x, y)
+
+    monkeypatch.setattr(step_mod.Stepper, "__call__", spy)
+    cands = [Candidate(impl="fused", precision="fp32"),
+             Candidate(impl="fused", precision="fp32", channels_last=True)]
+    assert cands[1].name == "fused fp32 all threads channels_last"
+    result = probe(workload="t-cnn", batch_size=8, candidates=cands, build_model=SmallCNN,
+                   loss_fn=torch.nn.functional.cross_entropy, device=torch.device("cpu"),
+                   make_batch=lambda n, d: (torch.randn(n, 1, 28, 28), torch.randint(0, 10, (n,))))
+    assert set(result.seconds) == {c.name for c in cands}
+    assert (True, True) in seen and (False, False) in seen

@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 
 from looptune.presets.preset import Preset
+from looptune.presets.probe import Candidate, probed_settings
 from looptune.recipe import (Decision, LoaderConfig, OptimConfig, Recipe, ScheduleConfig,
                              StepConfig)
 
@@ -18,8 +19,48 @@ _MEASURED = ("benchmarks/cnn_aug.py on a 2-core AMD EPYC (Zen 4) VM, torch 2.13 
              "median of interleaved runs")
 
 
-def _fast(device_type: str) -> Recipe:
+# the layout and dtype fast chooses between on a CPU, timed on this machine (presets/probe.py):
+# channels_last was ~20% faster on a Zen 4 VM and ~25% slower on a Zen 5 one (benchmarks/
+# cnn_aug.py, 2026-12-07: fast 43,953 samples/s with it, 59,015 without), so it is measured where
+# it runs; the first is the plain choice, kept unless another is >= 3% faster
+CPU_CANDIDATES = [Candidate(impl="fused", precision="fp32"),
+                  Candidate(impl="fused", precision="fp32", channels_last=True),
+                  Candidate(impl="fused", precision="bf16"),
+                  Candidate(impl="fused", precision="bf16", channels_last=True)]
+
+
+def _cnn_batch(n: int, device):
+    """A batch as the batched augmentation feeds the step: normalized float pixels."""
+    import torch
+
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(n, 1, 28, 28, generator=gen)
+    return x.to(device), torch.randint(0, 10, (n,), generator=gen).to(device)
+
+
+def cpu_step_settings(batch_size: int) -> tuple[Candidate, str]:
+    """The conv net's layout and autocast dtype at ``batch_size`` on this CPU, and why."""
+    import torch
+
+    from looptune.models import SmallCNN
+
+    return probed_settings(workload="mnist-cnn", batch_size=batch_size,
+                           candidates=CPU_CANDIDATES, build_model=SmallCNN,
+                           loss_fn=torch.nn.functional.cross_entropy, make_batch=_cnn_batch)
+
+
+def _fast(device_type: str, batch_size: int = 256) -> Recipe:
     cpu = device_type == "cpu"
+    if cpu:
+        chosen, evidence = cpu_step_settings(batch_size)
+        layout = Decision("step.channels_last/precision", chosen.name, reason=(
+            f"the fastest conv step at batch {batch_size} on this CPU (oneDNN's NHWC kernels "
+            f"win on some CPUs and lose on others); {evidence}"))
+    else:
+        chosen = Candidate(impl="fused", precision="fp32")
+        layout = Decision("step.channels_last", False, reason=(
+            "channels_last pays on tensor cores for wide convolutions; this net's 8/16 channels "
+            "are too narrow to use them"))
     reasons = (
         Decision("loader", "device + batched augmentation", reason=(
             "the per-sample PIL RandomAffine + ToTensor + Normalize costs ~60-90 us per sample "
@@ -29,10 +70,7 @@ def _fast(device_type: str) -> Recipe:
             "the conv net's step costs ~2.5x less per sample at 256 than at 64 on this CPU (fewer, "
             "larger convolutions); Adam's lr doubled to 2e-3 keeps the test accuracy at equal "
             "epochs within the goal's 0.5 points")),
-        Decision("step.channels_last", cpu, reason=(
-            "oneDNN's NHWC convolutions: ~20% less time per step on the CPU" if cpu else
-            "channels_last pays on tensor cores for wide convolutions; this net's 8/16 channels "
-            "are too narrow to use them")),
+        layout,
         Decision("optim.impl", "fused", reason="one kernel updates every parameter"),
         Decision("loss_sync", "epoch", reason="the loss stays on the device: no sync per step"),
     ) + ((Decision("thread_policy", "adaptive", reason=(
@@ -43,14 +81,16 @@ def _fast(device_type: str) -> Recipe:
         "-> 1.61). Not bit-reproducible: --set thread_policy=fixed for that")),)
          if cpu else ())
     return Recipe(
-        name="fast", description="batched on-device augmentation, batch 256, channels_last",
+        name="fast", description="batched on-device augmentation, batch 256, layout and dtype "
+        "probed",
         loader=LoaderConfig(strategy="device", decode="tensorized", batch_size=256),
-        step=StepConfig(channels_last=cpu), optim=OptimConfig(impl="fused", lr=2e-3),
+        step=StepConfig(channels_last=chosen.channels_last, precision=chosen.precision),
+        optim=OptimConfig(impl="fused", lr=2e-3),
         loss_sync="epoch", thread_policy="adaptive" if cpu else "fixed", reasons=reasons)
 
 
 def _tta(device_type: str) -> Recipe:
-    fast = _fast(device_type)
+    fast = _fast(device_type, batch_size=128)  # the layout and dtype probed at tta's batch
     grid = ("a grid of batch {128, 256, 512} x one-cycle peak lr {4e-3 .. 3.2e-2} x {1, 2, 3} "
             "epochs against fast (looptune.bench side by side, single runs, a 2-core AMD EPYC "
             "Zen 4 VM, torch 2.13 CPU)")
@@ -80,7 +120,8 @@ RECIPES: dict[str, Recipe | Preset] = {r.name: r for r in [
            description="uint8 dataset on the device; the same random affine applied to whole "
                        "batches there (affine_grid + grid_sample); batch 64, Adam 1e-3",
            loader=LoaderConfig(strategy="device", decode="tensorized")),
-    Preset("fast", "batched on-device augmentation, batch 256, channels_last (CPU)", _fast),
+    Preset("fast", "batched on-device augmentation, batch 256, layout and dtype probed on the "
+           "CPU", _fast),
     Preset("tta", "least time to 97.5% test accuracy: fast's pipeline, batch 128, one-cycle "
            "AdamW 1.6e-2 (--epochs 2)", _tta),
 ]}

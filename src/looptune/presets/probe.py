@@ -52,13 +52,15 @@ class Candidate:
     threads: int | None = None  # None: torch's default (one per core this process may use)
     backward: str = "autograd"  # StepConfig.backward ("mlp", "mlp-cpp": written-out MLP steps)
     attention: str = "auto"  # StepConfig.attention (the kernel behind sdpa)
+    channels_last: bool = False  # StepConfig.channels_last (NHWC weights and 4-D inputs)
 
     @property
     def name(self) -> str:
         threads = "all threads" if self.threads is None else f"{self.threads} thread(s)"
         mlp = f" backward={self.backward}" if self.backward != "autograd" else ""
         sdpa = f" attention={self.attention}" if self.attention != "auto" else ""
-        return f"{self.impl} {self.precision} {threads}{mlp}{sdpa}"
+        nhwc = " channels_last" if self.channels_last else ""
+        return f"{self.impl} {self.precision} {threads}{mlp}{sdpa}{nhwc}"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -209,11 +211,13 @@ def _measure(candidates: list[Candidate], build_model, loss_fn, make_batch, batc
         for c in candidates:
             torch.manual_seed(0)
             model = build_model().to(device)
+            if c.channels_last:  # as the engine's loop does before building the optimizer
+                model.to(memory_format=torch.channels_last)
             optimizer, _ = build_optimizer(model.parameters(), OptimConfig(impl=c.impl),
                                            device=device)
             step = Stepper(model=model, optimizer=optimizer, scheduler=None, loss_fn=loss_fn,
                            cfg=StepConfig(precision=c.precision, backward=c.backward,
-                                          attention=c.attention),
+                                          attention=c.attention, channels_last=c.channels_last),
                            device=device)
             torch.set_num_threads(c.threads or default_threads)
             step.prepare(batch_size, x.dtype)  # backward='mlp': its setup, as a run's
