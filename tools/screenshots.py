@@ -2,7 +2,7 @@
 on them (issue 34): every image decodes, the console shows no error, nothing is wider than the
 page. tests/report/test_browser.py runs the same checks on the same reports.
 
-    python tools/screenshots.py --data ../shared/data/mnist     # rewrites docs/screenshots/*.png
+    python tools/screenshots.py --data DIR     # rewrites docs/screenshots/*.png
     python tools/screenshots.py --data DIR --out OUT --keep REPORTS   # elsewhere, keep the reports
 
 Each report is built by a small real run on MNIST (`looptune bench mnist --epochs 2` of two
