@@ -5,11 +5,13 @@ builds with --strict (a broken link or a missing page fails)."""
 
 from __future__ import annotations
 
+import ast
 import re
 import shlex
 import shutil
 import subprocess
 import sys
+import types
 from pathlib import Path
 
 import pytest
@@ -212,3 +214,64 @@ def test_every_benchmark_command_shown_parses_with_its_script(page, script, argv
         pytest.fail(f"{page.relative_to(ROOT)}: `python {script} {' '.join(argv)}` does not "
                     f"parse (exit {exit_.code}): {err[-1] if err else ''}")
     pytest.fail(f"{script}'s main() returned without parsing its arguments")
+
+
+def _resolve(node, names: dict):
+    """The looptune object an expression names (``Recipe``, ``looptune.train``,
+    ``looptune.integrations.lightning``), importing submodules as Python would; None when the
+    expression is not looptune's."""
+    import importlib
+
+    chain = []
+    while isinstance(node, ast.Attribute):
+        chain.append(node.attr)
+        node = node.value
+    if not isinstance(node, ast.Name) or node.id not in names:
+        return None
+    obj, path = names[node.id], getattr(names[node.id], "__name__", "")
+    for attr in reversed(chain):
+        if not hasattr(obj, attr) and isinstance(obj, types.ModuleType):
+            importlib.import_module(f"{path}.{attr}")  # a submodule: import it
+        obj = getattr(obj, attr)
+        path = f"{path}.{attr}"
+    return obj
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: str(p.relative_to(ROOT)))
+def test_the_python_blocks_name_what_looptune_has(page):
+    """Every looptune name a Python block imports or uses exists, and every keyword it passes to
+    a looptune callable is one that callable takes: an API renamed under the page fails here."""
+    import importlib
+    import inspect
+
+    import looptune
+
+    for line, block in blocks(page, ("python",)):
+        names: dict = {"looptune": looptune}
+        tree = ast.parse(block)
+        where = f"{page.relative_to(ROOT)}:{line}"
+        try:
+            for node in ast.walk(tree):
+                if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("looptune"):
+                    module = importlib.import_module(node.module)
+                    for alias in node.names:
+                        assert hasattr(module, alias.name), (
+                            f"{where}: `from {node.module} import {alias.name}`: no such name")
+                        names[alias.asname or alias.name] = getattr(module, alias.name)
+            for node in ast.walk(tree):
+                if not isinstance(node, ast.Call):
+                    continue
+                target = _resolve(node.func, names)
+                if target is None or not callable(target):
+                    continue
+                params = inspect.signature(target).parameters
+                if any(p.kind is p.VAR_KEYWORD for p in params.values()):
+                    continue
+                for kw in node.keywords:
+                    assert kw.arg is None or kw.arg in params, (
+                        f"{where}: `{ast.unparse(node.func)}(..., {kw.arg}=...)`: it takes "
+                        f"no {kw.arg!r} (it takes {', '.join(params)})")
+        except ModuleNotFoundError as err:
+            if (err.name or "").startswith("looptune"):
+                raise
+            pytest.skip(f"{where} needs {err.name}, not installed here (CI installs the extras)")
