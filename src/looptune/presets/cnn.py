@@ -8,7 +8,7 @@ from __future__ import annotations
 import dataclasses
 
 from looptune.presets.preset import Preset
-from looptune.presets.probe import Candidate, probed_settings
+from looptune.presets.probe import Candidate, image_batch, probed_settings
 from looptune.recipe import (Decision, LoaderConfig, OptimConfig, Recipe, ScheduleConfig,
                              StepConfig)
 
@@ -29,15 +29,6 @@ CPU_CANDIDATES = [Candidate(impl="fused", precision="fp32"),
                   Candidate(impl="fused", precision="bf16", channels_last=True)]
 
 
-def _cnn_batch(n: int, device):
-    """A batch as the batched augmentation feeds the step: normalized float pixels."""
-    import torch
-
-    gen = torch.Generator().manual_seed(0)
-    x = torch.randn(n, 1, 28, 28, generator=gen)
-    return x.to(device), torch.randint(0, 10, (n,), generator=gen).to(device)
-
-
 def cpu_step_settings(batch_size: int) -> tuple[Candidate, str]:
     """The conv net's layout and autocast dtype at ``batch_size`` on this CPU, and why."""
     import torch
@@ -46,7 +37,8 @@ def cpu_step_settings(batch_size: int) -> tuple[Candidate, str]:
 
     return probed_settings(workload="mnist-cnn", batch_size=batch_size,
                            candidates=CPU_CANDIDATES, build_model=SmallCNN,
-                           loss_fn=torch.nn.functional.cross_entropy, make_batch=_cnn_batch)
+                           loss_fn=torch.nn.functional.cross_entropy,
+                           make_batch=image_batch((1, 28, 28)))
 
 
 def _fast(device_type: str, batch_size: int = 256) -> Recipe:

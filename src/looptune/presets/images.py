@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 
 from looptune.presets.preset import Preset
-from looptune.presets.probe import Candidate, probed_settings
+from looptune.presets.probe import Candidate, image_batch, probed_settings
 from looptune.recipe import (Decision, LoaderConfig, OptimConfig, Recipe, ScheduleConfig,
                              StepConfig)
 
@@ -69,15 +69,6 @@ CPU_CANDIDATES = [Candidate(impl="auto", precision="fp32"),
                   Candidate(impl="auto", precision="fp32", channels_last=True)]
 
 
-def _image_batch(n: int, device):
-    """A batch as the packed recipe feeds the step: 3 x 32 x 32 normalized float crops."""
-    import torch
-
-    gen = torch.Generator().manual_seed(0)
-    x = torch.randn(n, 3, 32, 32, generator=gen)
-    return x.to(device), torch.randint(0, 10, (n,), generator=gen).to(device)
-
-
 def cpu_layout(batch_size: int) -> tuple[Candidate, str]:
     """Whether ImageCNN's step runs faster channels_last at ``batch_size`` here, and why."""
     import torch
@@ -86,7 +77,8 @@ def cpu_layout(batch_size: int) -> tuple[Candidate, str]:
 
     return probed_settings(workload="jpeg-folder", batch_size=batch_size,
                            candidates=CPU_CANDIDATES, build_model=ImageCNN,
-                           loss_fn=torch.nn.functional.cross_entropy, make_batch=_image_batch)
+                           loss_fn=torch.nn.functional.cross_entropy,
+                           make_batch=image_batch((3, 32, 32)))
 
 
 def _packed(device_type: str) -> Recipe:

@@ -29,7 +29,8 @@ from looptune.errors import ConfigError
 from looptune.measure.provenance import cpu_name
 from looptune.recipe import OptimConfig, StepConfig
 
-__all__ = ["Candidate", "ProbeResult", "cache_path", "machine_key", "probe", "probed_settings"]
+__all__ = ["Candidate", "ProbeResult", "cache_path", "image_batch", "machine_key", "probe",
+           "probed_settings"]
 
 PROBE_VERSION = 1  # bump when what a probe measures changes: old cached results are ignored
 ROUNDS = 9  # interleaved rounds; each candidate's median is compared (a burst of load on a
@@ -179,6 +180,17 @@ def probed_settings(*, workload: str, batch_size: int, candidates: list[Candidat
         return cached.chosen, cached.evidence()
     result = probe(**kwargs, refresh=mode == "refresh")
     return result.chosen, result.evidence()
+
+
+def image_batch(shape: tuple[int, ...], classes: int = 10
+                ) -> Callable[[int, torch.device], tuple[torch.Tensor, torch.Tensor]]:
+    """``make_batch`` for a classifier fed normalized float images of ``shape`` (C, H, W), as a
+    batched augmentation hands them to the step: the same seeded batch for every candidate."""
+    def make(n: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        gen = torch.Generator().manual_seed(0)
+        x = torch.randn(n, *shape, generator=gen)
+        return x.to(device), torch.randint(0, classes, (n,), generator=gen).to(device)
+    return make
 
 
 def cached_probe(**kwargs: Any) -> ProbeResult | None:
