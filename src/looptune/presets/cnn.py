@@ -8,7 +8,7 @@ from __future__ import annotations
 import dataclasses
 
 from looptune.presets.preset import Preset
-from looptune.presets.probe import Candidate, image_batch, probed_settings
+from looptune.presets.probe import Candidate, classifier_settings
 from looptune.recipe import (Decision, LoaderConfig, OptimConfig, Recipe, ScheduleConfig,
                              StepConfig)
 
@@ -31,14 +31,10 @@ CPU_CANDIDATES = [Candidate(impl="fused", precision="fp32"),
 
 def cpu_step_settings(batch_size: int) -> tuple[Candidate, str]:
     """The conv net's layout and autocast dtype at ``batch_size`` on this CPU, and why."""
-    import torch
-
     from looptune.models import SmallCNN
 
-    return probed_settings(workload="mnist-cnn", batch_size=batch_size,
-                           candidates=CPU_CANDIDATES, build_model=SmallCNN,
-                           loss_fn=torch.nn.functional.cross_entropy,
-                           make_batch=image_batch((1, 28, 28)))
+    return classifier_settings(workload="mnist-cnn", batch_size=batch_size,
+                               candidates=CPU_CANDIDATES, build_model=SmallCNN, shape=(1, 28, 28))
 
 
 def _fast(device_type: str, batch_size: int = 256) -> Recipe:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 
 from looptune.presets.preset import Preset
-from looptune.presets.probe import Candidate, image_batch, probed_settings
+from looptune.presets.probe import Candidate, classifier_settings
 from looptune.recipe import (Decision, LoaderConfig, OptimConfig, Recipe, ScheduleConfig,
                              StepConfig)
 
@@ -71,14 +71,10 @@ CPU_CANDIDATES = [Candidate(impl="auto", precision="fp32"),
 
 def cpu_layout(batch_size: int) -> tuple[Candidate, str]:
     """Whether ImageCNN's step runs faster channels_last at ``batch_size`` here, and why."""
-    import torch
-
     from looptune.models import ImageCNN
 
-    return probed_settings(workload="jpeg-folder", batch_size=batch_size,
-                           candidates=CPU_CANDIDATES, build_model=ImageCNN,
-                           loss_fn=torch.nn.functional.cross_entropy,
-                           make_batch=image_batch((3, 32, 32)))
+    return classifier_settings(workload="jpeg-folder", batch_size=batch_size,
+                               candidates=CPU_CANDIDATES, build_model=ImageCNN, shape=(3, 32, 32))
 
 
 def _packed(device_type: str) -> Recipe:

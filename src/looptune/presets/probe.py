@@ -29,8 +29,8 @@ from looptune.errors import ConfigError
 from looptune.measure.provenance import cpu_name
 from looptune.recipe import OptimConfig, StepConfig
 
-__all__ = ["Candidate", "ProbeResult", "cache_path", "image_batch", "machine_key", "probe",
-           "probed_settings"]
+__all__ = ["Candidate", "ProbeResult", "cache_path", "classifier_settings", "image_batch",
+           "machine_key", "probe", "probed_settings"]
 
 PROBE_VERSION = 1  # bump when what a probe measures changes: old cached results are ignored
 ROUNDS = 9  # interleaved rounds; each candidate's median is compared (a burst of load on a
@@ -191,6 +191,16 @@ def image_batch(shape: tuple[int, ...], classes: int = 10
         x = torch.randn(n, *shape, generator=gen)
         return x.to(device), torch.randint(0, classes, (n,), generator=gen).to(device)
     return make
+
+
+def classifier_settings(*, workload: str, batch_size: int, candidates: list[Candidate],
+                        build_model: Callable[[], torch.nn.Module], shape: tuple[int, ...]
+                        ) -> tuple[Candidate, str]:
+    """:func:`probed_settings` for an image classifier (cross-entropy over normalized float
+    images of ``shape``, C x H x W)."""
+    return probed_settings(workload=workload, batch_size=batch_size, candidates=candidates,
+                           build_model=build_model, loss_fn=torch.nn.functional.cross_entropy,
+                           make_batch=image_batch(shape))
 
 
 def cached_probe(**kwargs: Any) -> ProbeResult | None:
