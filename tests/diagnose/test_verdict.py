@@ -427,6 +427,24 @@ def test_workers_bound_uses_the_step_replayed_beside_a_busy_process():
     assert not bound(None)  # not measured: threads / cores left = 2 -> max(5, 10, 5): 1.0x
 
 
+def test_without_workers_the_worker_read_counts_relative_to_the_main_process_read():
+    # slow_getitem in a CI run: the script's few steps waited 9 ms a batch, but after the
+    # script the machine ran faster: one worker 8 ms, the main process alone 6 ms. Taken as it
+    # was, 8 ms against the 9 ms wait promised 1 worker 10 / 8 = 1.25x although a worker reads
+    # slower than the main process here; relative, read = 9 x 8 / 6 = 12 ms: no gain
+    steps = _steps(step_s=0.010, data_wait_s=0.009)
+    env = _cpu(cores=2, threads=1, cpu_capacity=2.0)
+    drifted = WorkerRead(batch_s=0.008, receive_s=0.0, batches=50, main_s=0.006)
+    assert not _by_kind(analyze(_m(steps, loaders=[_loader()], env=env, worker_read=drifted)),
+                        "loader")
+    # a worker as fast as the main process: read = the script's own 9 ms, max(9, 1, 10 / 2)
+    even = WorkerRead(batch_s=0.006, receive_s=0.0, batches=50, main_s=0.006)
+    (workers,) = _by_kind(analyze(_m(steps, loaders=[_loader()], env=env, worker_read=even)),
+                          "loader")
+    assert workers.expected_speedup == round(10 / 9, 2) == 1.11
+    assert "read = the script's data wait 9.00 ms x 6.00 / 6.00 ms" in workers.reason
+
+
 def test_too_many_workers_get_the_main_process_read_as_a_measured_candidate():
     # the tutorial with --workers 8 on 2 cores: step 5 ms, 2.7 ms of it waiting for a batch
     steps = _steps(step_s=0.005, data_wait_s=0.0027)

@@ -219,10 +219,10 @@ def _gather_s(probes: StepProbes) -> float | None:
 
 
 def _worker_read(probes: StepProbes) -> WorkerRead:
-    """The training loader read by one worker (and by the main process alone, when the script
-    used workers)."""
+    """The training loader read by one worker and, back to back, by the main process alone (the
+    worker's rate relative to it: rules/workers.py)."""
     parts = probes.loader_parts.get(_training_loader(probes))
-    return measure_worker_read(parts, in_process=bool(parts and parts["num_workers"] > 0))
+    return measure_worker_read(parts, in_process=True)
 
 
 

@@ -6,7 +6,11 @@ The step becomes ``max(read / K, (rest + take) x slow, all CPU work / cores deli
   a ready batch from it (unpickling, the shared-memory hand-over: paid in the step's data wait,
   so never part of ``rest``), both measured after the script by a one-worker copy of the
   training loader (:mod:`looptune.diagnose.worker_read`); without it, the main process's own
-  data wait and 0, and the reason says so;
+  data wait and 0, and the reason says so. For a script without workers, ``read`` is the
+  script's data wait times the worker's time over the main process's, both read back to back
+  after the script: a machine that ran the script's few steps slower or faster than the
+  measurement after it (a VM's neighbours) moves both alike, so the promise does not (a CI run
+  promised 1 worker > 1.2x on a dataset one worker reads slower than the main process);
 * ``slow``: what a busy worker's core costs the step's own threads, measured by replaying the
   step's model beside one busy process (:mod:`looptune.diagnose.scaling`); without a replay,
   threads / cores left;
@@ -66,6 +70,9 @@ def workers_remedy(m: Measurements, p: StepProfile, s: float) -> list[Remedy]:
     c = m.env.cpu_capacity if m.env.cpu_capacity and not p.on_cuda else None
     wr = m.worker_read
     read, take = (wr.batch_s, wr.receive_s) if wr is not None and wr.measured else (data, 0.0)
+    relative = w == 0 and wr is not None and wr.measured and bool(wr.main_s)
+    if relative:  # the script's own read, scaled by the worker's pace against the main process's
+        read = data * wr.batch_s / wr.main_s  # type: ignore[operator]
 
     # the script has workers: reading in the main process instead is a candidate too (measured)
     main = wr.main_s if w > 0 and wr is not None and wr.measured and wr.main_s else None
@@ -102,7 +109,7 @@ def workers_remedy(m: Measurements, p: StepProfile, s: float) -> list[Remedy]:
     cap = (f", (read + take + rest) / {c:.2g} = {shared * 1e3:.2f}" if c else "")
     why = (f"max(read / {k}, (rest + take) x {slow(k):.2g}"
            f"{', all / cores delivered' if c else ''}) = max({read * 1e3:.2f} / {k}, "
-           f"{(rest + take) * slow(k) * 1e3:.2f}{cap}) ms, {_read_evidence(wr, data)}"
+           f"{(rest + take) * slow(k) * 1e3:.2f}{cap}) ms, {_read_evidence(wr, data, relative)}"
            + ("" if p.on_cuda else (
                f"; slow = {slow(k):.2g}: " + (
                    f"the step's model ({bs.module}) replayed beside one busy process took "
@@ -121,8 +128,13 @@ def workers_remedy(m: Measurements, p: StepProfile, s: float) -> list[Remedy]:
                    reason=f"{head}, which then takes {why}", kind="loader")]
 
 
-def _read_evidence(wr, data: float) -> str:
+def _read_evidence(wr, data: float, relative: bool = False) -> str:
     """Where ``read`` and ``take`` came from."""
+    if relative:
+        return (f"read = the script's data wait {data * 1e3:.2f} ms x {wr.batch_s * 1e3:.2f} / "
+                f"{wr.main_s * 1e3:.2f} ms (one worker's time per batch against the main "
+                f"process's, {wr.batches} batches of this loader read back to back after the "
+                f"script), take = {wr.receive_s * 1e3:.3f} ms")
     if wr is not None and wr.measured:
         return (f"read = {wr.batch_s * 1e3:.2f} ms per batch from one worker and take = "
                 f"{wr.receive_s * 1e3:.3f} ms (one worker read {wr.batches} batches of this "
