@@ -36,10 +36,13 @@ def test_an_update_heavy_step_is_compute_and_the_fused_update_is_verified_with_p
         v = d.verify
         return v.get("speedup") and v["speedup"] - 1 >= (v["expected_speedup"] - 1) / 3
 
-    d = _retry(run, paid)
+    def large(d):  # the update's share is timed: 14-27% here, 9.7% once in a loaded CI run
+        return d.part_shares.get("optimizer", 0) >= 0.10
+
+    d = _retry(run, lambda d: paid(d) and large(d))
     assert d.bottleneck == "compute", d.evidence
     # AdamW's for-loop update of 5.8 M parameters: a large share, named as the update
-    assert d.part_shares["optimizer"] >= 0.10 and d.part_ms["optimizer.update"] > 0
+    assert large(d) and d.part_ms["optimizer.update"] > 0, d.part_shares
     assert {"forward", "backward", "optimizer"} <= set(d.part_ms)
     assert d.evidence["update_ms"] > 0 and "work, not overhead" in d.evidence["reason"]
     kinds = [r.kind for r in d.remedies]
