@@ -32,8 +32,22 @@ def _diff(a, b) -> dict:
     return out
 
 
-def test_cnn_tta_is_fast_with_batch_128_and_a_one_cycle_adamw():
+def test_cnn_tta_is_fast_with_batch_128_and_a_one_cycle_adamw(monkeypatch, tmp_path):
+    # fast probes its layout and dtype at batch 256, tta at 128: two measurements that may
+    # legitimately disagree (a CI run: fp32 at one, bf16 at the other), so the timings are fixed
+    from looptune.presets import cnn, probe as probe_mod
+
+    monkeypatch.setenv("LOOPTUNE_PROBE_CACHE", str(tmp_path / "probes.json"))
+    monkeypatch.delenv("LOOPTUNE_PROBE", raising=False)
+    batches = []
+
+    def measure(candidates, build_model, loss_fn, make_batch, batch_size, *a):
+        batches.append(batch_size)
+        return {c.name: 1.0 + i for i, c in enumerate(cnn.CPU_CANDIDATES)}, []
+
+    monkeypatch.setattr(probe_mod, "_measure", measure)
     fast, tta = get_recipe("fast", "cpu", "mnist-cnn"), get_recipe("tta", "cpu", "mnist-cnn")
+    assert sorted(set(batches)) == [128, 256]  # each probed at its own batch
     diff = _diff(fast, tta)
     assert diff.pop("loader.batch_size") == 128
     assert diff.pop("optim.name") == "adamw" and diff.pop("optim.lr") == 1.6e-2
