@@ -128,8 +128,11 @@ def test_a_folder_of_jpegs_is_data_loading_caused_by_the_decode(jpeg_folder):
     assert d.bottleneck == "data_loading" and d.data_cause.startswith("decode"), (d.shares, d.data_cause)
     (ld,) = d.loaders
     assert ld.dataset == "ImageFolder" and ld.random_per_sample is True
-    # the random crop cannot be decoded once: the top remedy augments whole batches instead
-    assert d.remedies[0].action.startswith("augment whole batches")
+    # the random crop cannot be decoded once: the largest remedy augments whole batches instead
+    # (an estimate; a measured one-worker remedy, ~1.2x on a 2-core CI machine, may rank above it)
+    assert not any(r.action.startswith("pre-decode") for r in d.remedies), d.remedies
+    top = max(d.remedies, key=lambda r: r.expected_speedup)
+    assert top.action.startswith("augment whole batches"), d.remedies
     loading, stepping = loader_vs_step_ms(LOOPS / "jpeg_folder.py", [str(jpeg_folder)], batches=5)
     alone = loading / (loading + stepping)
     assert abs(d.shares["data_wait"] - alone) < 0.10, (d.shares["data_wait"], loading, stepping)
