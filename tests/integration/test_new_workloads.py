@@ -366,9 +366,11 @@ def test_diagnose_per_sample_augmentation_is_data_loading():
     assert d.shares["data_wait"] > 0.5 and d.steps_measured == 15
     assert d.loaders[0].dataset == "AugmentedDigits" and d.loaders[0].num_workers == 0
     assert d.loaders[0].random_per_sample is True  # RandomAffine: dataset[0] differs per read
-    assert d.remedies and d.remedies[0].expected_speedup > 1.5
-    batched = [r for r in d.remedies if r.kind == "tensorized"]
-    assert batched and "augment whole batches on the device" in batched[0].action
+    # batched augmentation's bound is an estimate: a measured 1-worker remedy (~1.2x) may rank
+    # above it, so the largest bound is asked for, not the first
+    top = max(d.remedies, key=lambda r: r.expected_speedup)
+    assert top.expected_speedup > 1.5 and top.kind == "tensorized", d.remedies
+    assert "augment whole batches on the device" in top.action
 
 
 def test_diagnose_char_lm_loop_is_not_data_loading(monkeypatch):
