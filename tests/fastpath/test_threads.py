@@ -132,6 +132,45 @@ def test_a_sudden_slowdown_explores_at_once():
     assert len(gov.per_step[1]) > before and gov.current == 1
 
 
+class _LuckyExplorer(_Machine):
+    """Two threads run fast only in the governor's short exploring windows (a busy neighbour
+    paused for a few ms), at ``cost[2]`` otherwise."""
+
+    def __init__(self, cost: dict[int, float], lucky: float):
+        super().__init__(cost)
+        self.lucky = lucky
+
+    def run(self, gov: ThreadGovernor, steps: int) -> None:
+        for _ in range(steps):
+            exploring = gov._exploring == 2
+            self.now += self.lucky if exploring else self.cost[self.threads]
+            gov.tick()
+
+
+@pytest.mark.parametrize("after_us, back", [(405, True), (253, True), (240, False)])
+def test_a_move_on_one_lucky_window_goes_back_when_the_next_windows_run_slower(after_us, back):
+    # the CI run's shape: at 1 thread 253 us/step, one exploring window at 2 threads ran 206,
+    # the windows after the move 405
+    m = _LuckyExplorer({2: after_us * 1e-6, 1: 253e-6}, lucky=206e-6)
+    gov = _governor(m, start=1)
+    while not gov.switches:
+        m.run(gov, 1)
+    assert gov.switches[0].endswith("(253 -> 206 us/step)") and gov.current == 2
+    while len(gov.per_step[2]) < 1 + T.RECENT:  # the exploring window and RECENT full ones
+        m.run(gov, 1)
+    assert (gov.current, m.threads) == ((1, 1) if back else (2, 2))
+    assert len(gov.switches) == (2 if back else 1)
+    if back:
+        assert gov.switches[1].endswith(f"(back: {after_us} us/step in the {T.RECENT} windows "
+                                        "after the move, 253 before it)")
+        assert gov._every == 2 * T.EXPLORE_EVERY  # as after an exploration that did not pay
+        t0 = m.now
+        m.run(gov, 40000)  # every exploration lucky: each move goes back, ever more rarely
+        assert gov.current == 1 and len(gov.switches) > 2
+        assert (m.now - t0) / (40000 * 253e-6) - 1 < 0.05  # against 1 thread all along
+    assert gov.decision().evidence["ended_at"] == gov.current
+
+
 def test_the_first_window_and_time_off_the_clock_are_not_steps():
     m = _Machine({2: 250e-6, 1: 300e-6})
     gov = _governor(m)

@@ -32,20 +32,27 @@ def _diff(a, b) -> dict:
     return out
 
 
-def test_cnn_tta_is_fast_with_batch_128_and_a_one_cycle_adamw(monkeypatch, tmp_path):
-    # fast probes its layout and dtype at batch 256, tta at 128: two measurements that may
-    # legitimately disagree (a CI run: fp32 at one, bf16 at the other), so the timings are fixed
-    from looptune.presets import cnn, probe as probe_mod
+@pytest.fixture
+def fake_probe(monkeypatch, tmp_path):
+    """Fixed probe timings, in an empty probe cache: ``fake_probe(seconds)`` makes the probe
+    measure ``seconds(candidates, batch_size)``, a dict of seconds per candidate name."""
+    from looptune.presets import probe as probe_mod
 
     monkeypatch.setenv("LOOPTUNE_PROBE_CACHE", str(tmp_path / "probes.json"))
     monkeypatch.delenv("LOOPTUNE_PROBE", raising=False)
+
+    def install(seconds):
+        monkeypatch.setattr(probe_mod, "_measure", lambda candidates, build_model, loss_fn,
+                            make_batch, batch_size, *a: (seconds(candidates, batch_size), []))
+    return install
+
+
+def test_cnn_tta_is_fast_with_batch_128_and_a_one_cycle_adamw(fake_probe):
+    # fast probes its layout and dtype at batch 256, tta at 128: two measurements that may
+    # legitimately disagree (a CI run: fp32 at one, bf16 at the other), so the timings are fixed
     batches = []
-
-    def measure(candidates, build_model, loss_fn, make_batch, batch_size, *a):
-        batches.append(batch_size)
-        return {c.name: 1.0 + i for i, c in enumerate(cnn.CPU_CANDIDATES)}, []
-
-    monkeypatch.setattr(probe_mod, "_measure", measure)
+    fake_probe(lambda candidates, batch: batches.append(batch) or {
+        c.name: 1.0 + i for i, c in enumerate(candidates)})
     fast, tta = get_recipe("fast", "cpu", "mnist-cnn"), get_recipe("tta", "cpu", "mnist-cnn")
     assert sorted(set(batches)) == [128, 256]  # each probed at its own batch
     diff = _diff(fast, tta)
@@ -70,14 +77,12 @@ def test_lm_tta_is_fast_with_a_warmup_cosine_schedule_at_3e_3():
 @pytest.mark.parametrize("bf16_s, want", [(0.5, ("bf16", "math")), (0.98, ("fp32", "auto")),
                                           (19.0, ("fp32", "auto"))])
 def test_lm_fast_takes_bf16_on_a_cpu_only_where_the_probe_found_it_faster(
-        monkeypatch, tmp_path, bf16_s, want):
+        fake_probe, bf16_s, want):
     # bf16 ran the GPT step 2.1x faster on a Zen 4 (avx512_bf16) and 19x slower on a Zen 3
-    from looptune.presets import lm, probe as probe_mod
+    from looptune.presets import lm
 
-    monkeypatch.setenv("LOOPTUNE_PROBE_CACHE", str(tmp_path / "probes.json"))
-    monkeypatch.delenv("LOOPTUNE_PROBE", raising=False)
     plain, bf16 = (c.name for c in lm.CPU_CANDIDATES)
-    monkeypatch.setattr(probe_mod, "_measure", lambda c, *a: ({plain: 1.0, bf16: bf16_s}, []))
+    fake_probe(lambda candidates, batch: {plain: 1.0, bf16: bf16_s})
     cpu, cuda = get_recipe("fast", "cpu", "char-gpt"), get_recipe("fast", "cuda", "char-gpt")
     assert (cpu.step.precision, cpu.step.attention) == want
     assert (cuda.step.precision, cuda.step.attention) == ("bf16", "auto")
@@ -92,16 +97,13 @@ def test_lm_fast_takes_bf16_on_a_cpu_only_where_the_probe_found_it_faster(
     ((1.0, 1.33, 0.95, 1.2), (False, "bf16")),  # NHWC 33% slower (a Zen 5 VM); bf16 5% faster
     ((1.0, 0.99, 0.98, 1.5), (False, "fp32")),  # within the probe's 3%: the plain layout kept
 ])
-def test_cnn_fast_takes_the_layout_and_dtype_the_probe_measured_faster(monkeypatch, tmp_path,
-                                                                        seconds, want):
-    from looptune.presets import cnn, probe as probe_mod
+def test_cnn_fast_takes_the_layout_and_dtype_the_probe_measured_faster(fake_probe, seconds,
+                                                                        want):
+    from looptune.presets import cnn
 
-    monkeypatch.setenv("LOOPTUNE_PROBE_CACHE", str(tmp_path / "probes.json"))
-    monkeypatch.delenv("LOOPTUNE_PROBE", raising=False)
     names = [c.name for c in cnn.CPU_CANDIDATES]
     assert "fused fp32 all threads channels_last" in names
-    monkeypatch.setattr(probe_mod, "_measure",
-                        lambda c, *a: (dict(zip([x.name for x in c], seconds)), []))
+    fake_probe(lambda candidates, batch: dict(zip([x.name for x in candidates], seconds)))
     fast, tta = get_recipe("fast", "cpu", "mnist-cnn"), get_recipe("tta", "cpu", "mnist-cnn")
     assert (fast.step.channels_last, fast.step.precision) == want
     assert (tta.step.channels_last, tta.step.precision) == want  # probed again at batch 128
@@ -113,12 +115,10 @@ def test_cnn_fast_takes_the_layout_and_dtype_the_probe_measured_faster(monkeypat
 
 @pytest.mark.parametrize("nhwc_s, want", [(0.7, True), (1.3, False)])
 def test_images_packed_takes_channels_last_only_where_the_probe_found_it_faster(
-        monkeypatch, tmp_path, nhwc_s, want):
-    from looptune.presets import images, probe as probe_mod
+        fake_probe, nhwc_s, want):
+    from looptune.presets import images
 
-    monkeypatch.setenv("LOOPTUNE_PROBE_CACHE", str(tmp_path / "probes.json"))
-    monkeypatch.delenv("LOOPTUNE_PROBE", raising=False)
     plain, nhwc = (c.name for c in images.CPU_CANDIDATES)
-    monkeypatch.setattr(probe_mod, "_measure", lambda c, *a: ({plain: 1.0, nhwc: nhwc_s}, []))
+    fake_probe(lambda candidates, batch: {plain: 1.0, nhwc: nhwc_s})
     assert get_recipe("packed", "cpu", "jpeg-folder").step.channels_last is want
     assert get_recipe("packed", "cuda", "jpeg-folder").step.channels_last is False

@@ -18,7 +18,11 @@ windows (a short run must find a slow phase early), then after ``EXPLORE_EVERY``
 after each exploration that did not pay (up to ``MAX_EVERY``), and at once when a window runs
 ``JUMP`` slower than the ones before it (the machine changed). An exploring window is short
 (``EXPLORE_S``): in a quiet phase the cost is those windows only, each ~20% slower on that VM,
-fewer and fewer of them (measured: ~2% of a 5-epoch run).
+fewer and fewer of them (measured: ~2% of a 5-epoch run). A move is confirmed by the ``RECENT``
+full windows after it: where their median is not faster than the count it left ran, one short
+window was luck and the run goes back (a CI run beside a busy process moved 1 -> 2 threads on
+one 206 us/step exploring window, then ran 2 threads at 405 us/step against 1 thread's 253 for
+the rest of its epoch).
 
 Thread counts change the blocking of the GEMMs, so the steps of an exploring window, and all
 after a switch, differ in the last bits from the same steps at the first count: an adaptive run
@@ -78,6 +82,9 @@ class ThreadGovernor:
     _jumped: bool = False  # a window ran JUMP slower than the recent ones: explore soon
     _warm: bool = False  # the run's first window (first-step allocations) was dropped
     _since: int = 0  # windows at the current count since the last exploration
+    _left: tuple[int, float, int] | None = None  # a move to confirm: the count left, its
+    # s/step and the exploration interval there
+    _trial: list[float] = field(default_factory=list)  # full windows since that move
     _every: int = EXPLORE_EVERY
     _recent: deque[float] = field(default_factory=lambda: deque(maxlen=RECENT))
     _next_alt: int = 0
@@ -144,6 +151,8 @@ class ThreadGovernor:
         if self._exploring is not None:
             self._explored(self._exploring, per_step)
             return
+        if self._left is not None and self._confirm(per_step):
+            return
         if len(self._recent) == RECENT and per_step > JUMP * statistics.median(self._recent):
             self._jumped = True  # explored as soon as RECENT windows passed since the last
         self._recent.append(per_step)
@@ -167,12 +176,34 @@ class ThreadGovernor:
         if per_step <= (1 - MARGIN) * home:
             self.switches.append(f"{self.current} -> {alt} threads after step {self._total} "
                                  f"({home * 1e6:.0f} -> {per_step * 1e6:.0f} us/step)")
+            self._left, self._trial = (self.current, home, self._every), []
             self.current, self._every = alt, EXPLORE_EVERY
             self._recent.clear()
             self._recent.append(per_step)
         else:  # the current count is still the faster: look again later, less often
             self._every = min(MAX_EVERY, 2 * self._every)
         self.set_threads(self.current)
+
+    def _confirm(self, per_step: float) -> bool:
+        """After a move: once ``RECENT`` full windows ran at the new count, go back where their
+        median is not faster than the count left ran before it. True when it went back."""
+        self._trial.append(per_step)
+        if len(self._trial) < RECENT:
+            return False
+        back, before, every = self._left  # type: ignore[misc]
+        trial = statistics.median(self._trial)
+        self._left, self._trial = None, []
+        if trial < before:
+            return False
+        self.switches.append(f"{self.current} -> {back} threads after step {self._total} (back: "
+                             f"{trial * 1e6:.0f} us/step in the {RECENT} windows after the move, "
+                             f"{before * 1e6:.0f} before it)")
+        self.current, self._since = back, 0
+        self._every = min(MAX_EVERY, 2 * every)  # as after an exploration that did not pay
+        self._recent.clear()
+        self._recent.append(before)
+        self.set_threads(back)
+        return True
 
     def decision(self) -> Decision:
         parts = []
