@@ -5,7 +5,8 @@ core, as DataLoader workers or a noisy neighbour take one).
 Each round runs the recipe fixed, then adaptive (interleaved: this VM's speed drifts between
 minutes), ``--repeats`` rounds per condition; prints s/epoch per round, the medians, their ratio
 and what the adaptive runs switched. Goal: beside a busy process adaptive is faster; quiet it
-costs at most 5%.
+costs at most 5%; in every round adaptive's last-epoch loss has parity with fixed's
+(``epoch_loss_parity``: a thread count changes only the GEMMs' last bits, never the training).
 
     python benchmarks/threads.py --data ../shared/data/mnist
     python benchmarks/threads.py --data ../shared/data/mnist --recipe tta --epochs 3
@@ -26,6 +27,7 @@ import torch
 import looptune
 from _goals import exit_code, smoke_check
 from looptune.diagnose.env import busy_processes
+from looptune.measure.parity import epoch_loss_parity
 from looptune.measure.provenance import cpu_name
 from looptune.presets import get_recipe
 from looptune.recipe import with_overrides
@@ -55,21 +57,24 @@ def main(argv: list[str] | None = None) -> int:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)
         for busy in (int(b) for b in args.busy.split(",")):
-            met, ratio, governed = _condition(busy, fixed, adaptive, epochs, repeats, args.data,
-                                              args.workload)
+            met, ratio, governed, parity = _condition(busy, fixed, adaptive, epochs, repeats,
+                                                      args.data, args.workload)
             ok &= met
-            # one short round: the governor ran its windows, and cost at most 1/3 more than fixed
+            # one short round: the governor ran its windows, cost at most 1/3 more than fixed,
+            # and trained as fixed did
             if args.smoke:
                 smoke_ok &= smoke_check(
-                    f"busy={busy}: the governor timed its windows ({governed}) and adaptive is "
-                    f"{ratio:.2f}x fixed, >= {SMOKE_RATIO:g}x", governed and ratio >= SMOKE_RATIO)
+                    f"busy={busy}: the governor timed its windows ({governed}), adaptive is "
+                    f"{ratio:.2f}x fixed, >= {SMOKE_RATIO:g}x, loss parity {parity}",
+                    governed and ratio >= SMOKE_RATIO and parity)
     return exit_code(ok, smoke_ok, args.smoke)
 
 
 def _condition(busy: int, fixed, adaptive, epochs: int, repeats: int, data: str | None,
-               workload: str) -> tuple[bool, float, bool]:
-    """(goal met, fixed/adaptive s per epoch, the governor timed windows in every adaptive run)"""
-    governed = True
+               workload: str) -> tuple[bool, float, bool, bool]:
+    """(goal met, fixed/adaptive s per epoch, the governor timed windows in every adaptive run,
+    adaptive's last-epoch loss had parity with fixed's in every round)"""
+    governed, parity = True, True
     times: dict[str, list[float]] = {"fixed": [], "adaptive": []}
     for i in range(repeats):
         for name, recipe in (("fixed", fixed), ("adaptive", adaptive)):
@@ -78,19 +83,24 @@ def _condition(busy: int, fixed, adaptive, epochs: int, repeats: int, data: str 
                 run = looptune.bench(workload=workload, recipes=[recipe], epochs=epochs,
                                      data_dir=data).runs[0]
             times[name].append(run.s_per_epoch)
-            if name == "adaptive":
+            if name == "fixed":
+                base = run
+            else:
+                same = epoch_loss_parity(base.first_loss, base.epoch_loss, run.epoch_loss)
+                parity &= same["parity"] is True
                 moves = [d["reason"] for d in run.decisions if d["name"] == "thread_policy"
                          and "timed in windows" in d["reason"]]
                 governed &= bool(moves)
                 print(f"  busy={busy} round {i + 1}: fixed {times['fixed'][-1]:.3f}, adaptive "
-                      f"{run.s_per_epoch:.3f} s/epoch; "
-                      f"{moves[0] if moves else 'no governor'}")
+                      f"{run.s_per_epoch:.3f} s/epoch; loss parity {same['parity']}: "
+                      f"{same['reason']}; {moves[0] if moves else 'no governor'}")
     f, a = statistics.median(times["fixed"]), statistics.median(times["adaptive"])
     goal, what = (GOAL, "faster") if busy else (QUIET_COST, "at most 5% slower")
-    met = f / a > goal if busy else a / f <= goal
+    met = (f / a > goal if busy else a / f <= goal) and parity
     print(f"busy={busy}: median fixed {f:.3f}, adaptive {a:.3f} s/epoch: adaptive {f / a:.2f}x; "
-          f"goal {what}: {'met' if met else 'NOT met'}")
-    return met, f / a, governed
+          f"loss parity in every round: {parity}; goal {what}, with parity: "
+          f"{'met' if met else 'NOT met'}")
+    return met, f / a, governed, parity
 
 
 if __name__ == "__main__":
