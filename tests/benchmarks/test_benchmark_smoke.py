@@ -164,6 +164,7 @@ def test_threads_smoke(mnist_dir):
     proc = _smoke("threads.py", "--data", str(mnist_dir), "--busy", "0")
     assert "busy=0 round 1: fixed" in proc.stdout and "timed in windows" in proc.stdout
     assert "busy=0: median fixed" in proc.stdout
+    assert "loss parity True: epoch 1 mean loss" in proc.stdout  # adaptive trained as fixed did
 
 
 @pytest.mark.integration
